@@ -1,0 +1,48 @@
+"""posbench: which positional encoding lets a transformer trained short work long?
+
+Public API (stable):
+    cfg = posbench.compose(["encoding=alibi", "model=tiny"])
+    model = posbench.build_model(cfg)
+    logits = model(idx, pos=None)
+    posbench.list_encodings()
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+from omegaconf import DictConfig
+
+from posbench.config import ConfigError, check, register_schemas
+from posbench.encodings import Dims, build_encoding, list_encodings
+
+__version__ = "0.1.0"
+
+register_schemas()
+
+
+def compose(overrides: Optional[List[str]] = None) -> DictConfig:
+    """The config the CLI's `train` would see for these overrides (no hydra node)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="posbench.conf", version_base=None):
+        cfg = hydra_compose(config_name="config", overrides=list(overrides or []))
+    check(cfg)
+    return cfg
+
+
+def build_model(cfg: DictConfig, vocab_size: Optional[int] = None):
+    """The GPT with the config's encoding. vocab_size defaults to the dataset tokenizer's."""
+    from posbench.data import vocab_size as dataset_vocab
+    from posbench.model import GPT
+
+    m = cfg.model
+    dims = Dims(n_layer=m.n_layer, n_head=m.n_head, d_model=m.d_model,
+                train_len=cfg.train.seq_len, max_len=max([cfg.train.seq_len, *cfg.eval.lengths]))
+    return GPT(vocab_size or dataset_vocab(cfg.dataset), m.n_layer, m.n_head, m.d_model,
+               m.mlp_ratio, build_encoding(cfg, dims))
+
+
+__all__ = ["ConfigError", "build_model", "compose", "list_encodings", "__version__"]

@@ -1,0 +1,106 @@
+"""One causal self-attention that asks the encoding for its hooks and picks the fastest exact path.
+
+- no score hook                 -> scaled_dot_product_attention(is_causal=True) (flash on GPU)
+- score_mod only, on CUDA       -> FlexAttention with a causal block mask (compiled)
+- otherwise (CPU, row/value)    -> blockwise: query blocks against their causal key prefix, so
+                                   memory grows with T x block, never T x T; in training each
+                                   block is recomputed in backward (checkpoint) for the same bound
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+# score elements per block: bounds the memory of the blockwise path (64 MiB of fp32 per tensor)
+BLOCK_ELEMENTS = 1 << 24
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, d_model: int, n_head: int, layer: int):
+        super().__init__()
+        self.n_head = n_head
+        self.layer = layer
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.proj = nn.Linear(d_model, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, encoding) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
+        if encoding.rotate is not None:
+            q, k = encoding.rotate(q, k, pos, self.layer)
+        y = attend(q, k, v, pos, encoding, self.layer)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+def attend(q, k, v, pos, encoding, layer):
+    score_mod = encoding.score_mod(q, k, pos, layer) if encoding.score_mod is not None else None
+    row_mod = encoding.row_mod is not None
+    value_mod = encoding.value_mod is not None
+    if score_mod is None and not row_mod and not value_mod:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if q.is_cuda and not row_mod and not value_mod:
+        return flex_attention(q, k, v, score_mod)
+    row = functools.partial(encoding.row_mod, q=q, pos=pos, layer=layer) if row_mod else None
+    val = functools.partial(encoding.value_mod, pos=pos, layer=layer) if value_mod else None
+    return blockwise_attention(q, k, v, score_mod, row, val)
+
+
+def blockwise_attention(q, k, v, score_mod=None, row_mod=None, value_mod=None):
+    """Exact causal attention, one block of queries at a time against its key prefix."""
+    B, H, T, d = q.shape
+    rows = max(16, min(T, BLOCK_ELEMENTS // max(1, B * H * T)))
+    b = torch.arange(B, device=q.device).view(B, 1, 1, 1)
+    h = torch.arange(H, device=q.device).view(1, H, 1, 1)
+    outputs = []
+    for start in range(0, T, rows):
+        end = min(T, start + rows)
+        args = (q[:, :, start:end], k[:, :, :end], v[:, :, :end], start, b, h,
+                score_mod, row_mod, value_mod)
+        if torch.is_grad_enabled() and rows < T:
+            outputs.append(checkpoint(_attend_block, *args, use_reentrant=False))
+        else:
+            outputs.append(_attend_block(*args))
+    return torch.cat(outputs, dim=2)
+
+
+def _attend_block(q, k, v, start, b, h, score_mod, row_mod, value_mod):
+    Tq, Tk = q.shape[2], k.shape[2]
+    q_idx = torch.arange(start, start + Tq, device=q.device).view(1, 1, Tq, 1)
+    kv_idx = torch.arange(Tk, device=q.device).view(1, 1, 1, Tk)
+    scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    if score_mod is not None:
+        scores = score_mod(scores, b, h, q_idx, kv_idx)
+    future = kv_idx > q_idx
+    scores = scores.masked_fill(future, float("-inf"))
+    if row_mod is not None:
+        scores = row_mod(scores, q_idx=q_idx, kv_idx=kv_idx).masked_fill(future, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = probs @ v.float()
+    if value_mod is not None:
+        out = out + value_mod(probs, q_idx=q_idx, kv_idx=kv_idx)
+    return out.to(v.dtype)
+
+
+@functools.lru_cache(maxsize=8)
+def _causal_block_mask(T: int, device: str):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return create_block_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, None, None, T, T,
+                             device=device)
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention as flex
+
+    return torch.compile(flex, dynamic=False)
+
+
+def flex_attention(q, k, v, score_mod):
+    mask = _causal_block_mask(q.shape[2], str(q.device))
+    return _compiled_flex()(q, k, v, score_mod=score_mod, block_mask=mask)

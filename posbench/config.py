@@ -1,0 +1,144 @@
+"""Typed config schema: one dataclass per component, checked when Hydra composes.
+
+Every config group is typed here, so a misspelled key or a wrong type fails at compose time with
+the key's name, before any work starts. Encodings register their own dataclass (see
+posbench/encodings/base.py); `check()` validates the values that types alone cannot.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+
+class ConfigError(ValueError):
+    """Bad user input: printed as one line, exit code 2, nothing written."""
+
+
+@dataclass
+class ModelConfig:
+    n_layer: int = 4
+    n_head: int = 4
+    d_model: int = 128
+    mlp_ratio: int = 4
+
+
+@dataclass
+class DatasetConfig:
+    name: str = "pystdlib"
+    # byte-level datasets need no tokenizer files; see posbench/data
+    tokenizer: str = "byte"
+    val_fraction: float = 0.05
+    path: Optional[str] = None
+    cache_dir: str = "${oc.env:POSBENCH_CACHE,${oc.env:HOME}/.cache/posbench}"
+
+
+@dataclass
+class TrainConfig:
+    seq_len: int = 128
+    steps: int = 1000
+    batch_size: int = 32
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    log_every: int = 50
+    compile: bool = False
+
+
+@dataclass
+class EvalConfig:
+    lengths: List[int] = field(default_factory=lambda: [128, 256, 512, 1024, 2048])
+    tokens: int = 32768
+    protocol: str = "nonoverlapping"
+    stride: Optional[int] = None
+    batch_tokens: int = 16384
+    rope_scaling: str = "none"
+    logn_scaling: bool = False
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "none"
+    mode: str = "offline"
+    project: str = "posbench"
+    entity: Optional[str] = None
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    encoding: Any = MISSING
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    seed: int = 0
+    device: str = "auto"
+
+
+PROTOCOLS = ("nonoverlapping",)
+ROPE_SCALINGS = ("none",)
+DEVICES = ("auto", "cpu", "cuda")
+LOGGERS = ("none", "wandb")
+LOGGER_MODES = ("offline", "online", "disabled")
+
+
+def register_schemas() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="posbench_schema", node=Config)
+    cs.store(group="model", name="schema", node=ModelConfig)
+    cs.store(group="dataset", name="schema", node=DatasetConfig)
+    cs.store(group="train", name="schema", node=TrainConfig)
+    cs.store(group="eval", name="schema", node=EvalConfig)
+    cs.store(group="logger", name="schema", node=LoggerConfig)
+
+
+def _require(ok: bool, key: str, value: Any, accepted: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value!r} is not accepted; expected {accepted}")
+
+
+def _positive(key: str, value: Any) -> None:
+    _require(isinstance(value, int) and not isinstance(value, bool) and value > 0,
+             key, value, "a positive integer")
+
+
+def check(cfg: DictConfig) -> None:
+    """Checks types (also of configs that did not come through the schema, such as a saved run's),
+    ranges, choices, and the encoding's own values."""
+    from posbench.encodings import encoding_config
+
+    try:
+        OmegaConf.merge(OmegaConf.structured(Config), cfg)
+    except Exception as err:  # omegaconf names the key and the expected type
+        raise ConfigError(str(err).splitlines()[0]) from None
+
+    m = cfg.model
+    for key in ("n_layer", "n_head", "d_model", "mlp_ratio"):
+        _positive(f"model.{key}", m[key])
+    _require(m.d_model % m.n_head == 0, "model.d_model", m.d_model,
+             f"a multiple of model.n_head={m.n_head}")
+    for key in ("seq_len", "steps", "batch_size"):
+        _positive(f"train.{key}", cfg.train[key])
+    _require(cfg.train.lr > 0, "train.lr", cfg.train.lr, "a positive number")
+    _require(0 <= cfg.train.warmup_steps, "train.warmup_steps", cfg.train.warmup_steps,
+             "an integer >= 0")
+    lengths = list(cfg.eval.lengths)
+    _require(len(lengths) > 0, "eval.lengths", lengths, "a non-empty list of positive integers")
+    for n in lengths:
+        _positive("eval.lengths", n)
+    _positive("eval.tokens", cfg.eval.tokens)
+    _positive("eval.batch_tokens", cfg.eval.batch_tokens)
+    _require(cfg.eval.protocol in PROTOCOLS, "eval.protocol", cfg.eval.protocol, f"one of {PROTOCOLS}")
+    _require(cfg.device in DEVICES, "device", cfg.device, f"one of {DEVICES}")
+    _require(cfg.logger.name in LOGGERS, "logger.name", cfg.logger.name, f"one of {LOGGERS}")
+    _require(cfg.logger.mode in LOGGER_MODES, "logger.mode", cfg.logger.mode, f"one of {LOGGER_MODES}")
+    encoding_config(cfg)  # validates the encoding's own keys and ranges
+
+
+def to_container(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True)

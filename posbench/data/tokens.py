@@ -1,0 +1,99 @@
+"""Token files: documents become one flat token file (cached by content fingerprint, checksummed)
+that training and evaluation read by memory map. Documents never cross the train/val split."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Tuple
+
+import numpy as np
+
+from posbench.config import ConfigError
+
+FORMAT = 1
+
+
+@dataclass
+class TokenData:
+    tokens: np.ndarray  # memory-mapped, all documents back to back: train first, then val
+    train_docs: np.ndarray  # (n+1,) offsets of the train documents into `tokens`
+    val_docs: np.ndarray
+    vocab_size: int
+    fingerprint: str
+    name: str
+
+    def longest(self, split: str) -> int:
+        docs = self.train_docs if split == "train" else self.val_docs
+        return int(np.diff(docs).max()) if len(docs) > 1 else 0
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_token_dir(target: Path, train: Iterable[np.ndarray], val: Iterable[np.ndarray],
+                    vocab_size: int, fingerprint: str, name: str) -> None:
+    """Write tokens.bin + meta.json into a temporary folder, then rename it into place, so a
+    crash never leaves a half-written cache."""
+    dtype = np.uint8 if vocab_size <= 256 else np.uint16 if vocab_size <= 65536 else np.uint32
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+    try:
+        offsets = {"train": [0], "val": []}
+        with open(tmp / "tokens.bin", "wb") as f:
+            for split, docs in (("train", train), ("val", val)):
+                if split == "val":
+                    offsets["val"].append(offsets["train"][-1])
+                for doc in docs:
+                    f.write(np.asarray(doc, dtype=dtype).tobytes())
+                    offsets[split].append(offsets[split][-1] + len(doc))
+            f.flush()
+            os.fsync(f.fileno())
+        meta = {"format": FORMAT, "name": name, "fingerprint": fingerprint, "vocab_size": vocab_size,
+                "dtype": np.dtype(dtype).name, "train_docs": offsets["train"],
+                "val_docs": offsets["val"], "sha256": _sha256_file(tmp / "tokens.bin")}
+        (tmp / "meta.json").write_text(json.dumps(meta))
+        if target.exists():  # another process finished first; theirs is identical
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def read_token_dir(path: Path) -> TokenData:
+    """Open a token folder, refusing a corrupt or truncated one by its checksum."""
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+        tokens_path = path / "tokens.bin"
+        if _sha256_file(tokens_path) != meta["sha256"]:
+            raise ValueError("checksum mismatch")
+    except (OSError, ValueError, KeyError) as err:
+        raise ConfigError(f"token cache {path} is corrupt or incomplete ({err}); delete it and "
+                          "run again to rebuild it") from None
+    tokens = np.memmap(tokens_path, dtype=meta["dtype"], mode="r")
+    return TokenData(tokens, np.array(meta["train_docs"], dtype=np.int64),
+                     np.array(meta["val_docs"], dtype=np.int64), meta["vocab_size"],
+                     meta["fingerprint"], meta["name"])
+
+
+def fingerprint(items: Iterable[Tuple[str, bytes]]) -> str:
+    h = hashlib.sha256()
+    for key, content in items:
+        h.update(key.encode() + b"\0" + hashlib.sha256(content).digest())
+    return "sha256:" + h.hexdigest()
+
+
+def is_validation(key: str, val_fraction: float) -> bool:
+    """A document's split follows from its name alone, so adding files never reshuffles others."""
+    return int(hashlib.sha1(key.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < val_fraction

@@ -1,0 +1,45 @@
+"""ALiBi: a per-head linear penalty on the query-key distance (Press et al. 2022)."""
+import math
+from dataclasses import dataclass
+from typing import List
+
+import torch
+
+from posbench.encodings.base import EncodingConfig, PositionalEncoding, register
+
+
+def alibi_slopes(n_head: int) -> List[float]:
+    """Geometric slopes 2^(-8h/n) for n a power of two; otherwise the closest power of two's
+    slopes followed by every other slope of the next power (ofirpress/attention_with_linear_biases)."""
+
+    def power_of_two(n):
+        return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
+
+    if math.log2(n_head).is_integer():
+        return power_of_two(n_head)
+    c = 2 ** math.floor(math.log2(n_head))
+    return power_of_two(c) + power_of_two(2 * c)[0::2][: n_head - c]
+
+
+@register("alibi", "subtracts slope_h * (i - j) from each logit; geometric slopes per head")
+class ALiBi(PositionalEncoding):
+    family = "bias"
+    relative = True
+    past_train_len = "defined at every distance; the linear penalty acts as a window, ppl stays flat"
+    reference = "Train Short, Test Long (Press et al. 2022)"
+
+    @dataclass
+    class Config(EncodingConfig):
+        pass
+
+    def __init__(self, cfg, dims):
+        super().__init__(cfg, dims)
+        self.register_buffer("slopes", torch.tensor(alibi_slopes(dims.n_head)), persistent=False)
+
+    def score_mod(self, q, k, pos, layer):
+        slopes = self.slopes
+
+        def alibi(score, b, h, q_idx, kv_idx):
+            return score - slopes[h] * (pos[b, q_idx] - pos[b, kv_idx])
+
+        return alibi

@@ -1,0 +1,164 @@
+"""The encoding contract and the registry.
+
+An encoding is an nn.Module registered under a name. The model and the attention ask it for hooks
+and never branch on its name. A hook left as None does nothing:
+
+- positions(pos) -> pos                 remap position ids (e.g. randomized positions in training)
+- embed(x, pos, layer) -> x              add to the residual stream before block `layer`
+- rotate(q, k, pos, layer) -> (q, k)     transform queries and keys, (B, H, T, d) each
+- score_mod(q, k, pos, layer) -> fn      fn(score, b, h, q_idx, kv_idx) -> score, FlexAttention's
+                                         signature; `score` is already scaled by 1/sqrt(d). The same
+                                         fn runs inside FlexAttention on CUDA and on broadcast
+                                         index tensors in the blockwise CPU path.
+- row_mod(logits, q, pos, layer, q_idx, kv_idx) -> logits
+                                         rewrite whole masked rows of logits (needs the row, so it
+                                         always takes the blockwise path)
+- value_mod(probs, pos, layer, q_idx, kv_idx) -> (B, H, Tq, d) added to the attention output
+
+`pos` is always a (B, T) long tensor. `q_idx`/`kv_idx` index the sequence, never positions: read
+positions as pos[b, q_idx].
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, ClassVar, Dict, Optional
+
+import torch
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+from torch import nn
+
+FAMILIES = ("none", "absolute", "rotary", "group", "bias", "contextual")
+
+
+@dataclass
+class EncodingConfig:
+    name: str = MISSING
+
+
+@dataclass(frozen=True)
+class Dims:
+    """What an encoding may know about the model and the run when it is built."""
+
+    n_layer: int
+    n_head: int
+    d_model: int
+    train_len: int
+    max_len: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+
+class PositionalEncoding(nn.Module):
+    family: ClassVar[str] = "none"
+    # logits unchanged when every position is shifted by a constant
+    relative: ClassVar[bool] = True
+    # accepts eval.rope_scaling
+    rotary: ClassVar[bool] = False
+    # behaviour past the training length, one line (docs/encodings.md is built from it)
+    past_train_len: ClassVar[str] = ""
+    reference: ClassVar[str] = ""
+
+    positions: Optional[Callable] = None
+    embed: Optional[Callable] = None
+    rotate: Optional[Callable] = None
+    score_mod: Optional[Callable] = None
+    row_mod: Optional[Callable] = None
+    value_mod: Optional[Callable] = None
+
+    def __init__(self, cfg, dims: Dims):
+        super().__init__()
+        self.cfg = cfg
+        self.dims = dims
+
+    def notes(self) -> list:
+        """Caveats worth recording in results.json (e.g. untrained table rows)."""
+        return []
+
+    @classmethod
+    def check(cls, cfg, run_cfg: DictConfig) -> None:
+        """Raise ConfigError for values this encoding cannot use. `cfg` is the typed encoding
+        config, `run_cfg` the whole composed config (model, train, eval)."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    cls: type
+    config: EncodingConfig
+    description: str
+
+
+_REGISTRY: Dict[str, Entry] = {}
+
+
+def register(name: str, description: str, config: Optional[EncodingConfig] = None):
+    """Class decorator: make `cls` available as `encoding=<name>` with default `config`
+    (cls.Config() when omitted). One class may be registered under several names (presets)."""
+
+    def wrap(cls):
+        assert issubclass(cls, PositionalEncoding), cls
+        assert cls.family in FAMILIES, (name, cls.family)
+        node = dataclasses.replace(config or cls.Config(), name=name)
+        _REGISTRY[name] = Entry(name, cls, node, description)
+        ConfigStore.instance().store(group="encoding", name=name, node=node)
+        return cls
+
+    return wrap
+
+
+def registry() -> Dict[str, Entry]:
+    return dict(sorted(_REGISTRY.items()))
+
+
+def encoding_class(enc_cfg: DictConfig) -> type:
+    from posbench.config import ConfigError
+
+    if "_target_" in enc_cfg:  # a user's own encoding from outside the package
+        from hydra.utils import get_class
+
+        cls = get_class(enc_cfg._target_)
+        if not (isinstance(cls, type) and issubclass(cls, PositionalEncoding)):
+            raise ConfigError(f"encoding._target_={enc_cfg._target_!r} is not accepted; "
+                              "expected a subclass of posbench.encodings.PositionalEncoding")
+        return cls
+    name = enc_cfg.get("name")
+    if name not in _REGISTRY:
+        raise ConfigError(f"encoding={name!r} is not accepted; expected one of: "
+                          + ", ".join(sorted(_REGISTRY)))
+    return _REGISTRY[name].cls
+
+
+def encoding_config(run_cfg: DictConfig):
+    """The typed config object of the run's encoding, checked against its dataclass and ranges."""
+    from posbench.config import ConfigError
+
+    enc_cfg = run_cfg.encoding
+    cls = encoding_class(enc_cfg)
+    values = {k: v for k, v in OmegaConf.to_container(enc_cfg, resolve=True).items() if k != "_target_"}
+    schema = cls.Config if "_target_" in enc_cfg else type(_REGISTRY[enc_cfg.name].config)
+    try:
+        typed = OmegaConf.merge(OmegaConf.structured(schema), values)
+    except Exception as err:  # omegaconf's message names the key and the type
+        raise ConfigError(f"encoding: {str(err).splitlines()[0]}") from None
+    obj = OmegaConf.to_object(typed)
+    cls.check(obj, run_cfg)
+    return obj
+
+
+def build_encoding(run_cfg: DictConfig, dims: Dims) -> PositionalEncoding:
+    return encoding_class(run_cfg.encoding)(encoding_config(run_cfg), dims)
+
+
+def positions_for(idx: torch.Tensor, pos: Optional[torch.Tensor]) -> torch.Tensor:
+    """(B, T) long positions from the optional (T,) or (B, T) `pos` of the public API."""
+    B, T = idx.shape
+    if pos is None:
+        pos = torch.arange(T, device=idx.device)
+    pos = pos.to(device=idx.device, dtype=torch.long)
+    if pos.dim() == 1:
+        pos = pos.unsqueeze(0)
+    return pos.expand(B, T)

@@ -1,0 +1,51 @@
+"""Learned absolute position embeddings (GPT-2): a table indexed by position."""
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+from posbench.config import ConfigError
+from posbench.encodings.base import EncodingConfig, PositionalEncoding, register
+
+
+@register("learned", "a learned table of absolute position vectors added to the input")
+class Learned(PositionalEncoding):
+    family = "absolute"
+    relative = False
+    past_train_len = "rows past the training length are never trained and stay at their init"
+    reference = "GPT-2 (Radford et al. 2019)"
+
+    @dataclass
+    class Config(EncodingConfig):
+        # rows of the table; None sizes it for the longest eval length
+        max_len: Optional[int] = None
+        per_layer: bool = False
+
+    @classmethod
+    def check(cls, cfg, run_cfg):
+        longest = max([run_cfg.train.seq_len, *run_cfg.eval.lengths])
+        if cfg.max_len is not None and cfg.max_len < longest:
+            raise ConfigError(f"encoding.max_len={cfg.max_len} is not accepted; a learned table "
+                              f"cannot extrapolate, expected >= {longest} (the longest length)")
+
+    def __init__(self, cfg, dims):
+        super().__init__(cfg, dims)
+        rows = cfg.max_len or dims.max_len
+        tables = dims.n_layer if cfg.per_layer else 1
+        self.tables = nn.ParameterList(
+            nn.Parameter(torch.randn(rows, dims.d_model) * 0.02) for _ in range(tables))
+
+    def embed(self, x, pos, layer):
+        if layer >= len(self.tables):
+            return x
+        table = self.tables[layer]
+        if int(pos.max()) >= table.shape[0]:
+            raise ValueError(f"position {int(pos.max())} is past the learned table "
+                             f"({table.shape[0]} rows); raise encoding.max_len")
+        return x + table[pos].to(x.dtype)
+
+    def notes(self):
+        rows = self.tables[0].shape[0]
+        return [f"learned table has {rows} rows; positions >= {self.dims.train_len} were never "
+                "trained and keep their N(0, 0.02^2) init"]

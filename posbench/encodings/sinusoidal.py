@@ -1,0 +1,37 @@
+"""Sinusoidal absolute positions added to the input (Vaswani et al. 2017)."""
+from dataclasses import dataclass
+
+import torch
+
+from posbench.config import ConfigError
+from posbench.encodings.base import EncodingConfig, PositionalEncoding, register
+
+
+def sinusoid_table(pos: torch.Tensor, dim: int, base: float) -> torch.Tensor:
+    """(..., dim) with sin at even and cos at odd channels; angles in float64 for long positions."""
+    inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float64, device=pos.device) / dim)
+    angles = pos.to(torch.float64).unsqueeze(-1) * inv_freq
+    return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)[..., :dim]
+
+
+@register("sinusoidal", "fixed sin/cos of the absolute position added to the token embeddings")
+class Sinusoidal(PositionalEncoding):
+    family = "absolute"
+    relative = False
+    past_train_len = "defined at every position, but unseen positions shift the input distribution"
+    reference = "Attention Is All You Need (Vaswani et al. 2017)"
+
+    @dataclass
+    class Config(EncodingConfig):
+        base: float = 10000.0
+        every_layer: bool = False
+
+    @classmethod
+    def check(cls, cfg, run_cfg):
+        if not cfg.base > 1:
+            raise ConfigError(f"encoding.base={cfg.base} is not accepted; expected a number > 1")
+
+    def embed(self, x, pos, layer):
+        if layer > 0 and not self.cfg.every_layer:
+            return x
+        return x + sinusoid_table(pos, x.shape[-1], self.cfg.base).to(x.dtype)

@@ -1,0 +1,89 @@
+"""A small GPT: pre-LayerNorm causal decoder with tied input and output embeddings.
+
+The positional encoding is a module passed in; the model only calls its hooks (see
+posbench/encodings/base.py), so there is no encoding-specific branch here.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from posbench.attention import CausalSelfAttention
+from posbench.encodings import PositionalEncoding, positions_for
+
+
+class MLP(nn.Module):
+    def __init__(self, d_model: int, ratio: int):
+        super().__init__()
+        self.up = nn.Linear(d_model, ratio * d_model, bias=False)
+        self.down = nn.Linear(ratio * d_model, d_model, bias=False)
+
+    def forward(self, x):
+        return self.down(F.gelu(self.up(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, d_model: int, n_head: int, mlp_ratio: int, layer: int):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(d_model)
+        self.attn = CausalSelfAttention(d_model, n_head, layer)
+        self.ln_2 = nn.LayerNorm(d_model)
+        self.mlp = MLP(d_model, mlp_ratio)
+
+    def forward(self, x, pos, encoding):
+        x = x + self.attn(self.ln_1(x), pos, encoding)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab_size: int, n_layer: int, n_head: int, d_model: int, mlp_ratio: int,
+                 encoding: PositionalEncoding):
+        super().__init__()
+        self.tok_emb = nn.Embedding(vocab_size, d_model)
+        self.encoding = encoding
+        self.blocks = nn.ModuleList(Block(d_model, n_head, mlp_ratio, i) for i in range(n_layer))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+        self.head.weight = self.tok_emb.weight  # weight tying
+        self.apply(self._init)
+        for name, p in self.named_parameters():  # GPT-2: scale residual projections by depth
+            if name.endswith(("attn.proj.weight", "mlp.down.weight")):
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * n_layer))
+
+    @staticmethod
+    def _init(module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, 0.0, 0.02)
+
+    def hidden(self, idx: torch.Tensor, pos: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Final hidden states (B, T, D), before the output head."""
+        pos = positions_for(idx, pos)
+        enc = self.encoding
+        if enc.positions is not None:
+            pos = enc.positions(pos)
+        x = self.tok_emb(idx)
+        for i, block in enumerate(self.blocks):
+            if enc.embed is not None:
+                x = enc.embed(x, pos, i)
+            x = block(x, pos, enc)
+        return self.ln_f(x)
+
+    def forward(self, idx: torch.Tensor, pos: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Logits (B, T, V). `pos`: optional (T,) or (B, T) position ids, default 0..T-1."""
+        return self.head(self.hidden(idx, pos))
+
+    def token_losses(self, idx, targets, pos=None, chunk: int = 4096) -> torch.Tensor:
+        """Per-token cross-entropy in nats (B, T), computed in chunks of the sequence so that
+        the (B, T, V) logits never exist at once at long lengths."""
+        h = self.hidden(idx, pos)
+        losses = [F.cross_entropy(self.head(h[:, s:s + chunk]).float().transpose(1, 2),
+                                  targets[:, s:s + chunk], reduction="none")
+                  for s in range(0, idx.shape[1], chunk)]
+        return torch.cat(losses, dim=1)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
