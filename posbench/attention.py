@@ -33,8 +33,18 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
         if encoding.rotate is not None:
             q, k = encoding.rotate(q, k, pos, self.layer)
+        if encoding.logn_scaling:  # eval.logn_scaling: kappa_i * q_i scales row i's logits
+            q = q * logn_scale(T, encoding.dims.train_len, q.device).to(q.dtype)
         y = attend(q, k, v, pos, encoding, self.layer)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+def logn_scale(n: int, train_len: int, device=None) -> torch.Tensor:
+    """(n, 1) float64 kappa_i = max(1, log(i+1) / log L) for query index i (ENCODINGS.md §6.5,
+    QwenLM/Qwen logn_attn). i counts tokens in the sequence, not position ids, so a shifted `pos`
+    leaves it alone."""
+    seen = torch.arange(1, n + 1, dtype=torch.float64, device=device)
+    return (seen.log() / math.log(train_len)).clamp(min=1).unsqueeze(-1)
 
 
 def attend(q, k, v, pos, encoding, layer):

@@ -81,7 +81,7 @@ class Config:
 
 
 PROTOCOLS = ("nonoverlapping",)
-ROPE_SCALINGS = ("none",)
+ROPE_SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn")
 DEVICES = ("auto", "cpu", "cuda")
 LOGGERS = ("none", "wandb")
 LOGGER_MODES = ("offline", "online", "disabled")
@@ -110,7 +110,7 @@ def _positive(key: str, value: Any) -> None:
 def check(cfg: DictConfig) -> None:
     """Checks types (also of configs that did not come through the schema, such as a saved run's),
     ranges, choices, and the encoding's own values."""
-    from posbench.encodings import encoding_config
+    from posbench.encodings.base import encoding_class, encoding_config
 
     try:
         OmegaConf.merge(OmegaConf.structured(Config), cfg)
@@ -134,6 +134,13 @@ def check(cfg: DictConfig) -> None:
     _positive("eval.tokens", cfg.eval.tokens)
     _positive("eval.batch_tokens", cfg.eval.batch_tokens)
     _require(cfg.eval.protocol in PROTOCOLS, "eval.protocol", cfg.eval.protocol, f"one of {PROTOCOLS}")
+    _require(cfg.eval.rope_scaling in ROPE_SCALINGS, "eval.rope_scaling", cfg.eval.rope_scaling,
+             f"one of {ROPE_SCALINGS}")
+    _require(cfg.eval.rope_scaling == "none" or encoding_class(cfg.encoding).rotary,
+             "eval.rope_scaling", cfg.eval.rope_scaling,
+             f"'none' for encoding={cfg.encoding.get('name')}, which does not rotate q and k")
+    _require(not cfg.eval.logn_scaling or cfg.train.seq_len > 1, "eval.logn_scaling",
+             cfg.eval.logn_scaling, "false when train.seq_len=1 (kappa divides by log L)")
     _require(cfg.device in DEVICES, "device", cfg.device, f"one of {DEVICES}")
     _require(cfg.logger.name in LOGGERS, "logger.name", cfg.logger.name, f"one of {LOGGERS}")
     _require(cfg.logger.mode in LOGGER_MODES, "logger.mode", cfg.logger.mode, f"one of {LOGGER_MODES}")

@@ -24,6 +24,7 @@ def evaluate(model, data, eval_cfg, device: torch.device) -> List[dict]:
     Protocol `nonoverlapping`: each window of `length` tokens is scored in full. A length that runs
     out of memory is recorded as such and the others still run."""
     model.eval()
+    model.encoding.set_eval_options(eval_cfg.rope_scaling, eval_cfg.logn_scaling)
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
                 else nullcontext())
     curve = []

@@ -74,6 +74,19 @@ class PositionalEncoding(nn.Module):
         self.cfg = cfg
         self.dims = dims
 
+    # eval-time options (ENCODINGS.md §6), set by evaluate() through set_eval_options; training
+    # never sets them. Rotary encodings read rope_scaling in rotate(); the attention reads logn.
+    rope_scaling: str = "none"
+    logn_scaling: bool = False
+
+    def set_eval_options(self, rope_scaling: str = "none", logn_scaling: bool = False) -> None:
+        """Change the encoding at evaluation without retraining (config.check validates first)."""
+        if rope_scaling != "none" and not self.rotary:
+            raise ValueError(f"rope_scaling={rope_scaling!r} needs a rotary encoding, "
+                             f"not {type(self).__name__}")
+        self.rope_scaling = rope_scaling
+        self.logn_scaling = logn_scaling
+
     def notes(self) -> list:
         """Caveats worth recording in results.json (e.g. untrained table rows)."""
         return []
