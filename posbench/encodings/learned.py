@@ -21,6 +21,8 @@ class Learned(PositionalEncoding):
         # rows of the table; None sizes it for the longest eval length
         max_len: Optional[int] = None
         per_layer: bool = False
+        # read row min(t, L-1) past the training length L instead of an untrained row
+        clamp: bool = False
 
     @classmethod
     def check(cls, cfg, run_cfg):
@@ -40,12 +42,16 @@ class Learned(PositionalEncoding):
         if layer >= len(self.tables):
             return x
         table = self.tables[layer]
+        if self.cfg.clamp:
+            pos = pos.clamp(max=self.dims.train_len - 1)
         if int(pos.max()) >= table.shape[0]:
             raise ValueError(f"position {int(pos.max())} is past the learned table "
                              f"({table.shape[0]} rows); raise encoding.max_len")
         return x + table[pos].to(x.dtype)
 
     def notes(self):
+        if self.cfg.clamp:
+            return [f"positions >= {self.dims.train_len} read the last trained row (clamp)"]
         rows = self.tables[0].shape[0]
         return [f"learned table has {rows} rows; positions >= {self.dims.train_len} were never "
                 "trained and keep their N(0, 0.02^2) init"]

@@ -1,4 +1,5 @@
 """Sinusoidal absolute positions added to the input (Vaswani et al. 2017)."""
+import math
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +26,8 @@ class Sinusoidal(PositionalEncoding):
     class Config(EncodingConfig):
         base: float = 10000.0
         every_layer: bool = False
+        # the original multiplies the token embedding by sqrt(D) before adding PE; off for GPTs
+        scale_input: bool = False
 
     @classmethod
     def check(cls, cfg, run_cfg):
@@ -34,4 +37,6 @@ class Sinusoidal(PositionalEncoding):
     def embed(self, x, pos, layer):
         if layer > 0 and not self.cfg.every_layer:
             return x
+        if layer == 0 and self.cfg.scale_input:
+            x = x * math.sqrt(x.shape[-1])
         return x + sinusoid_table(pos, x.shape[-1], self.cfg.base).to(x.dtype)
