@@ -24,7 +24,8 @@ def evaluate(model, data, eval_cfg, device: torch.device) -> List[dict]:
     Protocol `nonoverlapping`: each window of `length` tokens is scored in full. A length that runs
     out of memory is recorded as such and the others still run."""
     model.eval()
-    model.encoding.set_eval_options(eval_cfg.rope_scaling, eval_cfg.logn_scaling)
+    model.encoding.set_eval_options(eval_cfg.get("rope_scaling", "none"),
+                                    eval_cfg.get("logn_scaling", False))
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
                 else nullcontext())
     curve = []
