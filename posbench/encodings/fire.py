@@ -1,0 +1,100 @@
+"""FIRE: a learned MLP of the log-lag, divided by the log of the query's span (Li et al. 2024).
+
+b(i, j) = f(psi(i - j) / psi(max(L_thr, span_i)))_h,   psi(x) = log(|c x| + 1),
+L_thr = |L_mult * L_init|. f is an MLP 1 -> width -> H (ReLU); f, c and L_mult are learned, one
+set per layer (defaults of the port in mcleish7/arithmetic).
+
+span_i is the query's distance to the first position of its sequence: the largest lag it can see.
+The paper's sequences start at 0, where span_i = i, its normalizer, and so do posbench's runs. For
+a sequence placed at an offset, the offset drops out, so FIRE is relative (SHIFT holds at every
+offset) while lag / span still lies in [0, 1].
+"""
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from posbench.config import ConfigError
+from posbench.encodings.base import EncodingConfig, PositionalEncoding, register
+
+EPS = 1e-6  # added to the normalizer
+
+
+def psi(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    return torch.log1p((c * x).abs())
+
+
+def fire_input(lag, span, c, threshold):
+    """psi(lag) / psi(max(threshold, span)): in [0, 1] whenever 0 <= lag <= span."""
+    return psi(lag, c) / (psi(torch.maximum(span, threshold), c) + EPS)
+
+
+def _uniform(*shape, bound):
+    return nn.Parameter(torch.empty(shape).uniform_(-bound, bound))
+
+
+class FireMLP(nn.Module):
+    """One layer's FIRE: f (1 -> width -> H), c and L_mult.
+
+    The weights are plain parameters with nn.Linear's default init U(+-1/sqrt(fan_in)), the
+    reference's layers: the GPT re-initializes nn.Linear modules, and the score_mod evaluates f
+    one hidden unit at a time."""
+
+    def __init__(self, n_head: int, width: int, init_c: float):
+        super().__init__()
+        self.w1 = _uniform(width, 1, bound=1.0)
+        self.b1 = _uniform(width, bound=1.0)
+        self.w2 = _uniform(n_head, width, bound=1 / math.sqrt(width))
+        self.b2 = _uniform(n_head, bound=1 / math.sqrt(width))
+        self.c = nn.Parameter(torch.tensor(init_c))
+        self.l_mult = nn.Parameter(torch.tensor(1.0))
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """f(x)_h, summed unit by unit so that it stays elementwise (a FlexAttention score_mod
+        cannot reduce over an extra axis) and never holds width x the scores at once."""
+        out = self.b2[h]
+        for unit in range(self.w1.shape[0]):
+            out = out + self.w2[h, unit] * torch.relu(self.w1[unit, 0] * x + self.b1[unit])
+        return out
+
+
+@register("fire", "learned MLP of log-lag over log of the query's span (progressive interpolation)")
+class FIRE(PositionalEncoding):
+    family = "bias"
+    relative = True
+    past_train_len = "interpolates: lag/span maps every query into [0,1] at any length; nothing is unseen"
+    reference = "Functional Interpolation for Relative Positions Improves Long Context Transformers (Li et al. 2024)"
+
+    @dataclass
+    class Config(EncodingConfig):
+        width: int = 32
+        init_c: float = 0.1
+        # L_thr = |L_mult * init_L|, L_mult learned from 1
+        init_L: float = 512.0
+
+    @classmethod
+    def check(cls, cfg, run_cfg):
+        if cfg.width < 1:
+            raise ConfigError(f"encoding.width={cfg.width} is not accepted; expected an integer >= 1")
+        if not cfg.init_c > 0:
+            raise ConfigError(f"encoding.init_c={cfg.init_c} is not accepted; expected a number > 0")
+        if not cfg.init_L > 0:
+            raise ConfigError(f"encoding.init_L={cfg.init_L} is not accepted; expected a number > 0")
+
+    def __init__(self, cfg, dims):
+        super().__init__(cfg, dims)
+        self.mlps = nn.ModuleList(FireMLP(dims.n_head, cfg.width, cfg.init_c)
+                                  for _ in range(dims.n_layer))
+
+    def score_mod(self, q, k, pos, layer):
+        mlp = self.mlps[layer]
+        threshold = (mlp.l_mult * self.cfg.init_L).abs()
+
+        def fire(score, b, h, q_idx, kv_idx):
+            query = pos[b, q_idx]
+            lag = query - pos[b, kv_idx]  # negative for future keys, which are masked afterwards
+            span = (query - pos[b, 0]).to(threshold.dtype)
+            return score + mlp(fire_input(lag, span, mlp.c, threshold), h)
+
+        return fire

@@ -1,0 +1,133 @@
+"""FIRE (shared/ENCODINGS.md 4.6): MLP of psi(lag) / psi(max(L_thr, span)), one per layer."""
+import math
+
+import pytest
+import torch
+
+import posbench
+import posbench.attention as attention
+from posbench.attention import attend, blockwise_attention
+from posbench.encodings.fire import fire_input
+
+
+def build(*extra):
+    cfg = posbench.compose(["encoding=fire", "model.n_layer=2", "model.d_model=64",
+                            "model.n_head=4", *extra])
+    torch.manual_seed(0)
+    return posbench.build_model(cfg).eval()
+
+
+def grid(B, H, T):
+    return (torch.arange(B).view(B, 1, 1, 1), torch.arange(H).view(1, H, 1, 1),
+            torch.arange(T).view(1, 1, T, 1), torch.arange(T).view(1, 1, 1, T))
+
+
+def reference_bias(mlp, lag, span, init_L):
+    """FIRE as the port in mcleish7/arithmetic writes it: (..., H) from float64 lag and span."""
+    c, thr = mlp.c.double(), (mlp.l_mult.double() * init_L).abs()
+    rel = torch.log(torch.abs(c * lag) + 1)
+    norm = torch.log(torch.abs(c * torch.maximum(span, thr)) + 1)
+    x = (rel / (norm + 1e-6)).unsqueeze(-1)
+    hidden = torch.relu(x * mlp.w1.double().T + mlp.b1.double())
+    return hidden @ mlp.w2.double().T + mlp.b2.double()
+
+
+@pytest.mark.parametrize("c", [0.1, 3.0, -0.5])
+@pytest.mark.parametrize("threshold", [512.0, 5.0, 0.01])
+def test_mlp_input_is_in_unit_interval_at_any_length(c, threshold):
+    span = torch.tensor([0, 1, 2, 7, 100, 511, 512, 513, 4096, 100000], dtype=torch.float64)
+    lag = torch.cat([torch.arange(0, 600), torch.arange(600, 100001, 997)]).double()
+    lag, span = torch.meshgrid(lag, span, indexing="ij")
+    ok = lag <= span  # j <= i
+    x = fire_input(lag[ok], span[ok], torch.tensor(c), torch.tensor(threshold))
+    assert x.min() >= 0 and x.max() <= 1
+    # progressive interpolation: the largest lag of a long query maps to 1 (up to eps = 1e-6)
+    longest = (span[ok] > max(threshold, 100)) & (lag[ok] == span[ok])
+    torch.testing.assert_close(x[longest].min().item(), 1.0, rtol=0, atol=1e-5)
+
+
+def test_bias_depends_on_lag_alone_below_the_threshold_and_on_the_span_beyond():
+    enc = build("encoding.init_L=16").encoding  # L_thr = 16
+    H, T = 4, 64
+    pos = torch.arange(T).view(1, T)
+    bias = enc.score_mod(None, None, pos, 0)(torch.zeros(1, H, T, T), *grid(1, H, T))[0]
+    lag3 = bias.diagonal(offset=-3, dim1=-2, dim2=-1)  # queries 3..63 at lag 3
+    # queries with span <= 16 share one absolute scale
+    torch.testing.assert_close(lag3[:, :14], lag3[:, :1].expand(H, 14), rtol=0, atol=1e-6)
+    # beyond, the lag is divided by the query's own span: interpolation, by design not a
+    # function of the lag alone
+    assert (lag3[:, 17] - lag3[:, 0]).abs().max() > 1e-3
+    assert (lag3[:, 60] - lag3[:, 17]).abs().max() > 1e-3
+
+
+def test_blockwise_path_matches_dense_float64_reference(monkeypatch):
+    enc = build("model.n_head=3", "model.d_model=48", "encoding.init_L=20").encoding
+    torch.manual_seed(0)
+    B, H, T, d = 2, 3, 40, 16
+    q, k, v = (torch.randn(B, H, T, d, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    pos = (torch.arange(T) * 2 + 7).expand(B, T)  # spans 0..78 cross L_thr = 20
+    monkeypatch.setattr(attention, "BLOCK_ELEMENTS", B * H * T * 16)  # three blocks, checkpointed
+    out = attend(q, k, v, pos, enc, 1)
+
+    i, j = torch.arange(T).view(T, 1).double(), torch.arange(T).view(1, T).double()
+    bias = reference_bias(enc.mlps[1], 2 * (i - j), 2 * i, 20.0).permute(2, 0, 1)
+    s = q @ k.transpose(-1, -2) / math.sqrt(d) + bias
+    ref = torch.softmax(s.masked_fill(j > i, float("-inf")), -1) @ v
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    inputs = (q, k, v, *enc.mlps[1].parameters())
+    grads = torch.autograd.grad(out.square().sum(), inputs)
+    ref_grads = torch.autograd.grad(ref.square().sum(), inputs)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r.to(g.dtype), rtol=1e-4, atol=1e-5)
+
+
+def test_compiled_flex_attention_matches_blockwise():
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    enc = build("encoding.width=4", "encoding.init_L=8").encoding  # small MLP: quick to compile
+    torch.manual_seed(0)
+    B, H, T, d = 1, 4, 32, 16
+    q, k, v = (torch.randn(B, H, T, d) for _ in range(3))
+    pos = (torch.arange(T) + 3).expand(B, T)
+    mask = create_block_mask(lambda b, h, i, j: i >= j, None, None, T, T, device="cpu")
+    with torch.no_grad():  # FlexAttention has no backward on CPU
+        fn = enc.score_mod(q, k, pos, 0)
+        flex = torch.compile(flex_attention)(q, k, v, score_mod=fn, block_mask=mask)
+        torch.testing.assert_close(flex, blockwise_attention(q, k, v, fn), rtol=1e-5, atol=1e-5)
+
+
+def test_shift_leaves_model_logits_unchanged_even_past_the_threshold():
+    model = build()
+    idx = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        base = model(idx)
+        for c in (1, 17, 1000):  # 1000 puts every position past L_thr = 512
+            shifted = model(idx, pos=torch.arange(64) + c)
+            assert ((shifted - base).abs() <= 1e-5 * base.abs().clamp(min=1)).all(), c
+        assert (model(idx, pos=torch.arange(64) * 2) - base).abs().max() > 1e-4
+
+
+def test_prefix_logits_do_not_depend_on_the_length():
+    model = build("encoding.init_L=8")  # spans cross L_thr inside the prefix
+    idx = torch.randint(0, 256, (1, 80), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx[:, :30]), model(idx)[:, :30], rtol=1e-5, atol=1e-5)
+
+
+def test_one_module_per_layer_with_reference_init():
+    enc = build("model.n_layer=3").encoding
+    assert len(enc.mlps) == 3
+    assert enc.mlps[0].w1.data_ptr() != enc.mlps[1].w1.data_ptr()
+    for mlp in enc.mlps:
+        assert mlp.c.item() == pytest.approx(0.1) and mlp.l_mult.item() == 1.0
+        assert mlp.w1.shape == (32, 1) and mlp.w2.shape == (4, 32)
+        assert mlp.w1.abs().max() <= 1 and mlp.w2.abs().max() <= 1 / math.sqrt(32)
+
+
+@pytest.mark.parametrize("key,value,accepted", [("width", "0", "integer >= 1"),
+                                                ("init_c", "0.0", "number > 0"),
+                                                ("init_L", "-512.0", "number > 0")])
+def test_out_of_range_values_are_one_line_config_errors(key, value, accepted):
+    with pytest.raises(posbench.ConfigError, match=rf"encoding\.{key}={value} .*{accepted}") as err:
+        posbench.compose(["encoding=fire", f"encoding.{key}={value}"])
+    assert "\n" not in str(err.value)
