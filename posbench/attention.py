@@ -82,7 +82,8 @@ def _attend_block(q, k, v, start, b, h, score_mod, row_mod, value_mod):
     Tq, Tk = q.shape[2], k.shape[2]
     q_idx = torch.arange(start, start + Tq, device=q.device).view(1, 1, Tq, 1)
     kv_idx = torch.arange(Tk, device=q.device).view(1, 1, 1, Tk)
-    scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    dtype = torch.promote_types(q.dtype, torch.float32)  # logits in fp32 at least, even under bf16
+    scores = (q.to(dtype) @ k.to(dtype).transpose(-2, -1)) / math.sqrt(q.shape[-1])
     if score_mod is not None:
         scores = score_mod(scores, b, h, q_idx, kv_idx)
     future = kv_idx > q_idx
@@ -90,7 +91,7 @@ def _attend_block(q, k, v, start, b, h, score_mod, row_mod, value_mod):
     if row_mod is not None:
         scores = row_mod(scores, q_idx=q_idx, kv_idx=kv_idx).masked_fill(future, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
-    out = probs @ v.float()
+    out = probs @ v.to(dtype)
     if value_mod is not None:
         out = out + value_mod(probs, q_idx=q_idx, kv_idx=kv_idx)
     return out.to(v.dtype)

@@ -2,7 +2,7 @@
 --cfg job, --help, hydra.run.dir); `report` and `list` are plain commands."""
 from __future__ import annotations
 
-import shutil
+import re
 import sys
 from pathlib import Path
 
@@ -101,6 +101,56 @@ def _first_comment(path: Path) -> str:
     return first.lstrip("# ") if first.startswith("#") else ""
 
 
+def _composition_error(err: Exception) -> ConfigError:
+    """Hydra's composition errors span many lines; say the same in one."""
+    msg = "\n".join(str(e) for e in (err, err.__cause__) if e is not None)
+    missing = re.search(r"Could not find '([^']+)/([^']+)'", msg)
+    if missing:
+        options = re.findall(r"^\t(\S+)$", msg, flags=re.M)
+        return ConfigError(f"{missing[1]}={missing[2]!r} is not accepted; expected one of: "
+                           + ", ".join(options))
+    unknown = re.search(r"Key '([^']+)' not in '(\w+)'.*?full_key: (\S+)", msg, flags=re.S)
+    if unknown:
+        return ConfigError(f"{unknown[3]} is not a config key; {unknown[1]!r} is not in "
+                           f"{unknown[2]} (see `posbench train --cfg job` for the keys)")
+    lines = [line.strip() for line in msg.splitlines() if line.strip()]
+    why = next((line for line in lines[1:] if not line.startswith(("full_key", "reference_type",
+                                                                     "object_type"))), "")
+    return ConfigError(f"{lines[0]}: {why}" if why else lines[0])
+
+
+def precheck(argv: list) -> None:
+    """Compose and check the config of every value of every swept key before Hydra creates any
+    run dir, so a bad command costs seconds and writes nothing."""
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    args = get_args_parser().parse_args(argv)
+    if args.help or args.hydra_help or args.cfg or args.shell_completion or args.info:
+        return
+    fixed, sweeps = [], []
+    for override in OverridesParser.create().parse_overrides(args.overrides):
+        if override.get_key_element().lstrip("+~").startswith("hydra"):
+            continue
+        if override.is_sweep_override():
+            values = list(override.sweep_string_iterator())
+            sweeps.append([f"{override.get_key_element()}={v}" for v in values])
+        else:
+            fixed.append(override.input_line)
+    variants = [fixed + [values[0] for values in sweeps]]
+    for i, values in enumerate(sweeps):
+        for value in values[1:]:
+            variants.append(fixed + [v[0] for v in sweeps[:i]] + [value]
+                            + [v[0] for v in sweeps[i + 1:]])
+    for overrides in variants:
+        try:
+            posbench.compose(overrides)
+        except ConfigError:
+            raise
+        except Exception as err:  # noqa: BLE001 - Hydra/OmegaConf composition errors
+            raise _composition_error(err) from None
+
+
 def main() -> None:
     argv = sys.argv[1:]
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -109,6 +159,7 @@ def main() -> None:
     verb, rest = argv[0], argv[1:]
     try:
         if verb == "train":
+            precheck(rest)
             sys.argv = ["posbench train", *rest]
             train_app()
         elif verb == "eval":

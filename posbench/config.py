@@ -6,6 +6,7 @@ posbench/encodings/base.py); `check()` validates the values that types alone can
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
@@ -88,13 +89,8 @@ LOGGER_MODES = ("offline", "online", "disabled")
 
 
 def register_schemas() -> None:
-    cs = ConfigStore.instance()
-    cs.store(name="posbench_schema", node=Config)
-    cs.store(group="model", name="schema", node=ModelConfig)
-    cs.store(group="dataset", name="schema", node=DatasetConfig)
-    cs.store(group="train", name="schema", node=TrainConfig)
-    cs.store(group="eval", name="schema", node=EvalConfig)
-    cs.store(group="logger", name="schema", node=LoggerConfig)
+    # first in config.yaml's defaults: every group merged after it is checked against these types
+    ConfigStore.instance().store(name="posbench_schema", node=Config)
 
 
 def _require(ok: bool, key: str, value: Any, accepted: str) -> None:
@@ -107,6 +103,20 @@ def _positive(key: str, value: Any) -> None:
              key, value, "a positive integer")
 
 
+def _no_extra_keys(node: DictConfig, schema: type, prefix: str = "") -> None:
+    """Keys added with `+key=...` bypass the schema's struct mode; refuse them here."""
+    known = [f.name for f in dataclasses.fields(schema)]
+    for key in node:
+        if key == "hydra":
+            continue
+        if key not in known:
+            raise ConfigError(f"{prefix}{key} is not a config key; expected one of: "
+                              + ", ".join(known))
+        sub = getattr(schema, "__dataclass_fields__")[key].default_factory
+        if dataclasses.is_dataclass(sub) and isinstance(node[key], DictConfig):
+            _no_extra_keys(node[key], sub, f"{prefix}{key}.")
+
+
 def check(cfg: DictConfig) -> None:
     """Checks types (also of configs that did not come through the schema, such as a saved run's),
     ranges, choices, and the encoding's own values."""
@@ -116,6 +126,7 @@ def check(cfg: DictConfig) -> None:
         OmegaConf.merge(OmegaConf.structured(Config), cfg)
     except Exception as err:  # omegaconf names the key and the expected type
         raise ConfigError(str(err).splitlines()[0]) from None
+    _no_extra_keys(cfg, Config)
 
     m = cfg.model
     for key in ("n_layer", "n_head", "d_model", "mlp_ratio"):

@@ -58,6 +58,8 @@ class PositionalEncoding(nn.Module):
     relative: ClassVar[bool] = True
     # accepts eval.rope_scaling
     rotary: ClassVar[bool] = False
+    # logits at positions < m do not change when the sequence grows past m
+    prefix_consistent: ClassVar[bool] = True
     # behaviour past the training length, one line (docs/encodings.md is built from it)
     past_train_len: ClassVar[str] = ""
     reference: ClassVar[str] = ""
@@ -156,7 +158,8 @@ def encoding_config(run_cfg: DictConfig):
     try:
         typed = OmegaConf.merge(OmegaConf.structured(schema), values)
     except Exception as err:  # omegaconf's message names the key and the type
-        raise ConfigError(f"encoding: {str(err).splitlines()[0]}") from None
+        name = enc_cfg.get("_target_") or enc_cfg.get("name")
+        raise ConfigError(f"encoding={name}: {str(err).splitlines()[0]}") from None
     obj = OmegaConf.to_object(typed)
     cls.check(obj, run_cfg)
     return obj

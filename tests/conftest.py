@@ -1,0 +1,26 @@
+import os
+import tempfile
+
+import pytest
+
+# One token cache for the whole test session (the CLI subprocesses inherit it), never the user's.
+os.environ.setdefault("POSBENCH_CACHE", tempfile.mkdtemp(prefix="posbench-test-cache-"))
+os.environ.setdefault("WANDB_SILENT", "true")
+os.environ.pop("WANDB_API_KEY", None)
+
+TOY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.steps=3",
+       "train.batch_size=2", "train.seq_len=32", "train.warmup_steps=1", "eval.lengths=[32,64]",
+       "eval.tokens=256"]
+
+
+@pytest.fixture(scope="session")
+def toy():
+    return list(TOY)
+
+
+@pytest.fixture(scope="session")
+def stdlib_data():
+    import posbench
+    from posbench.data import prepare
+
+    return prepare(posbench.compose([]).dataset)

@@ -1,0 +1,107 @@
+"""End to end through the installed `posbench` command, at toy size."""
+import csv
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from posbench.encodings import registry
+
+POSBENCH = shutil.which("posbench")
+
+
+def run(args, cwd, ok=True):
+    proc = subprocess.run([POSBENCH, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+    if ok:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def check_results_schema(record):
+    assert {"encoding", "seed", "status", "model", "dataset", "train", "eval", "config"} <= set(record)
+    assert {"params", "n_layer", "n_head", "d_model"} <= set(record["model"])
+    assert record["dataset"]["fingerprint"].startswith("sha256:")
+    assert {"seq_len", "steps", "tokens", "final_loss", "tokens_per_second",
+            "wall_seconds"} <= set(record["train"])
+    assert {"protocol", "tokens_per_length", "curve"} <= set(record["eval"])
+    for point in record["eval"]["curve"]:
+        assert {"length", "loss", "ppl"} <= set(point)
+
+
+def test_train_writes_every_output(tmp_path, toy):
+    proc = run(["train", *toy, "encoding=alibi", "hydra.run.dir=run"], tmp_path)
+    run_dir = tmp_path / "run"
+    record = json.loads((run_dir / "results.json").read_text())
+    check_results_schema(record)
+    assert record["encoding"] == "alibi" and record["status"] == "ok"
+    assert record["config"]["train"]["seq_len"] == 32
+    rows = list(csv.DictReader(open(run_dir / "curve.csv")))
+    assert [int(r["length"]) for r in rows] == [32, 64]
+    assert (run_dir / "ppl_vs_length.png").read_bytes()[:4] == b"\x89PNG"
+    assert (run_dir / "checkpoint.pt").stat().st_size > 0
+    assert (run_dir / ".hydra" / "config.yaml").is_file()
+    assert "length" in proc.stdout and "ppl" in proc.stdout  # the closing table
+
+
+def test_multirun_with_seeds_wandb_and_report(tmp_path, toy):
+    run(["train", "-m", *toy, "encoding=nope,alibi", "seed=0,1", "logger=wandb",
+         "hydra.sweep.dir=sweep"], tmp_path)
+    sweep = tmp_path / "sweep"
+    jobs = sorted(p.parent for p in sweep.rglob("results.json"))
+    assert len(jobs) == 4
+    for job in jobs:
+        assert list((job / "wandb").glob("offline-run-*")), f"no offline wandb run in {job}"
+    summary = (sweep / "summary.md").read_text()
+    assert "| nope |" in summary and "| alibi |" in summary and "±" in summary
+    assert (sweep / "ppl_vs_length.png").stat().st_size > 0
+    rows = list(csv.DictReader(open(sweep / "summary.csv")))
+    assert {r["label"] for r in rows} == {"nope", "alibi"} and {r["seeds"] for r in rows} == {"2"}
+    (sweep / "summary.md").unlink()
+    run(["report", str(sweep)], tmp_path)
+    assert (sweep / "summary.md").read_text() == summary
+
+
+def test_cfg_job_and_help_work_through_the_dispatcher(tmp_path):
+    cfg = run(["train", "encoding=t5", "--cfg", "job"], tmp_path).stdout
+    assert "name: t5" in cfg and "seq_len:" in cfg
+    assert "encoding" in run(["train", "--help"], tmp_path).stdout
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_list_names_every_encoding(tmp_path):
+    out = run(["list"], tmp_path).stdout
+    for name in registry():
+        assert f"  {name} " in out
+
+
+BAD = [
+    (["train", "encoding=nosuch"], "nosuch"),
+    (["train", "model=huge"], "huge"),
+    (["train", "dataset=nosuch"], "nosuch"),
+    (["train", "train.stpes=3"], "stpes"),
+    (["train", "eval.lengths=[]"], "eval.lengths"),
+    (["train", "eval.lengths=[128,-4]"], "eval.lengths"),
+    (["train", "eval.lengths=[12.5]"], "12.5"),
+    (["train", "train.seq_len=100000000"], "train.seq_len"),
+    (["report", "."], "no finished run"),
+    (["frobnicate"], "frobnicate"),
+]
+
+
+@pytest.mark.parametrize("args,needle", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path, args, needle):
+    proc = run(args, tmp_path, ok=False)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert needle in proc.stderr
+    assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").rglob("*.json"))
+
+
+def test_finished_run_dir_is_never_overwritten(tmp_path, toy):
+    run(["train", *toy, "hydra.run.dir=run"], tmp_path)
+    before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    proc = run(["train", *toy, "encoding=alibi", "hydra.run.dir=run"], tmp_path, ok=False)
+    assert proc.returncode != 0 and "already holds results.json" in proc.stderr
+    after = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    assert before == after

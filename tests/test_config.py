@@ -1,0 +1,56 @@
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+import posbench
+from posbench.config import ConfigError
+
+
+def test_compose_defaults():
+    cfg = posbench.compose([])
+    assert cfg.encoding.name == "rope" and cfg.model.n_layer == 4 and cfg.dataset.name == "pystdlib"
+    assert max(cfg.eval.lengths) > cfg.train.seq_len
+
+
+@pytest.mark.parametrize("preset,vocab,low,high", [("tiny", 256, 0.7e6, 1.3e6),
+                                                   ("small", 256, 9e6, 12e6),
+                                                   ("gpt2-small", 50257, 120e6, 128e6)])
+def test_model_presets_have_their_size(preset, vocab, low, high):
+    cfg = posbench.compose([f"model={preset}", "encoding=nope"])
+    params = posbench.build_model(cfg, vocab_size=vocab).num_params()
+    assert low < params < high
+
+
+def test_unknown_key_fails_at_compose():
+    with pytest.raises(ConfigCompositionException, match="trian|not in struct|Could not"):
+        posbench.compose(["train.stesp=3"])
+
+
+def test_wrong_type_fails_at_compose():
+    with pytest.raises((ConfigCompositionException, ValidationError)):
+        posbench.compose(["train.steps=many"])
+
+
+def test_unknown_encoding_option_key_fails():
+    with pytest.raises(ConfigCompositionException):
+        posbench.compose(["encoding=alibi", "encoding.base=3"])
+
+
+@pytest.mark.parametrize("override,key", [
+    ("eval.lengths=[]", "eval.lengths"),
+    ("eval.lengths=[0,128]", "eval.lengths"),
+    ("eval.lengths=[-5]", "eval.lengths"),
+    ("train.seq_len=0", "train.seq_len"),
+    ("model.n_head=3", "model.d_model"),
+    ("eval.protocol=sideways", "eval.protocol"),
+    ("device=tpu", "device"),
+    ("encoding.base=-1", "encoding.base"),
+])
+def test_bad_values_name_the_key(override, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        posbench.compose([override])
+
+
+def test_non_integer_length_fails():
+    with pytest.raises((ConfigCompositionException, ValidationError, ConfigKeyError)):
+        posbench.compose(["eval.lengths=[1.5]"])
