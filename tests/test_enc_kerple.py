@@ -126,6 +126,7 @@ def test_shift_leaves_model_logits_unchanged(kernel):
 
 
 def test_unknown_kernel_is_one_line_config_error():
-    with pytest.raises(posbench.ConfigError, match=r"encoding\.kernel='cubic' .*'log', 'power'") as err:
+    match = r"encoding\.kernel='cubic' .*'log', 'power'"
+    with pytest.raises(posbench.ConfigError, match=match) as err:
         posbench.compose(["encoding=kerple_log", "encoding.kernel=cubic"])
     assert "\n" not in str(err.value)

@@ -1,4 +1,4 @@
-"""Sandwich (shared/ENCODINGS.md 4.7): parameter-free sinusoid inner product, compressed per head."""
+"""Sandwich (shared/ENCODINGS.md 4.7): parameter-free sinusoid inner product, scaled per head."""
 import math
 
 import pytest
@@ -75,8 +75,8 @@ def test_blockwise_path_matches_dense_float64_reference(monkeypatch):
 
     i, j = torch.arange(T).view(T, 1), torch.arange(T).view(1, T)
     lag = (3 * (i - j)).clamp(min=0)
-    bias = torch.tensor([[[direct_bias(int(lag[a, c]), 16, h, H) for c in range(T)] for a in range(T)]
-                         for h in range(1, H + 1)], dtype=torch.float64)
+    bias = torch.tensor([[[direct_bias(int(lag[r, c]), 16, h, H) for c in range(T)]
+                          for r in range(T)] for h in range(1, H + 1)], dtype=torch.float64)
     s = q @ k.transpose(-1, -2) / math.sqrt(d) + bias
     ref = torch.softmax(s.masked_fill(j > i, float("-inf")), -1) @ v
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)

@@ -120,7 +120,7 @@ def test_compiled_flex_attention_matches_blockwise():
     mask = create_block_mask(lambda b, h, i, j: i >= j, None, None, T, T, device="cpu")
     with torch.no_grad():  # FlexAttention has no backward on CPU
         fn = enc.score_mod(q, k, pos, 0)
-        flex = torch.compile(flex_attention)(q, k, v, score_mod=fn, block_mask=mask)
+        flex = torch.compile(flex_attention, dynamic=False)(q, k, v, score_mod=fn, block_mask=mask)
         torch.testing.assert_close(flex, blockwise_attention(q, k, v, fn), rtol=1e-5, atol=1e-5)
 
 

@@ -1,9 +1,10 @@
 """CoPE: positions counted by learned gates over the context (Golovneva et al. 2024).
 
-g_ij = sigmoid(q_i.k_j/sqrt(d)) from the masked logits (future gates are 0), p_ij = sum_{t=j..i} g_it
-clamped to P_max - 1, and z_ij = q_i.e[p_ij] linearly interpolated between e[floor p], e[ceil p]
-(facebookresearch/RAM listing). The logit becomes q_i.k_j/sqrt(d) + z_ij. Counting needs whole
-rows, so CoPE is a row_mod (the attention's blockwise path). Position ids are never read.
+g_ij = sigmoid(q_i.k_j/sqrt(d)) from the masked logits (future gates are 0), the position
+p_ij = sum_{t=j..i} g_it clamped to P_max - 1, and z_ij = q_i.e[p_ij] interpolated linearly between
+e[floor p] and e[ceil p] (facebookresearch/RAM listing). The logit becomes q_i.k_j/sqrt(d) + z_ij.
+Counting needs whole rows, so CoPE is a row_mod (the attention's blockwise path). Position ids are
+never read.
 """
 from dataclasses import dataclass
 
@@ -22,19 +23,20 @@ def contextual_positions(logits: torch.Tensor, p_max: int) -> torch.Tensor:
 
 
 def interpolate(table: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """table[..., p] at fractional p >= 0: (1 - w) table[floor p] + w table[ceil p], w = p - floor p.
-    table (..., Tq, P_max), p (..., Tq, Tk)."""
+    """table[..., p] at fractional p >= 0: (1 - w) table[floor p] + w table[ceil p],
+    w = p - floor p. table (..., Tq, P_max), p (..., Tq, Tk)."""
     low = p.floor()
     w = p - low
     return table.gather(-1, low.long()) * (1 - w) + table.gather(-1, p.ceil().long()) * w
 
 
-@register("cope", "contextual positions: gated counts of the keys between j and i, interpolated embeddings")
+@register("cope", "contextual positions: gated counts of the keys from j to i, interpolated")
 class CoPE(PositionalEncoding):
     family = "contextual"
     relative = True
-    past_train_len = "positions are gated counts clamped at P_max-1: no unseen indices, but counts saturate"
-    reference = "Contextual Position Encoding: Learning to Count What's Important (Golovneva et al. 2024)"
+    past_train_len = "gated counts clamped at P_max-1: no unseen indices, but counts saturate"
+    reference = ("Contextual Position Encoding: Learning to Count What's Important "
+                 "(Golovneva et al. 2024)")
 
     @dataclass
     class Config(EncodingConfig):
@@ -43,7 +45,8 @@ class CoPE(PositionalEncoding):
     @classmethod
     def check(cls, cfg, run_cfg):
         if cfg.p_max < 2:
-            raise ConfigError(f"encoding.p_max={cfg.p_max} is not accepted; expected an integer >= 2")
+            raise ConfigError(f"encoding.p_max={cfg.p_max} is not accepted; "
+                              "expected an integer >= 2")
 
     def __init__(self, cfg, dims):
         super().__init__(cfg, dims)

@@ -16,11 +16,11 @@ def distance_rescale(r: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return (1 + v.exp()) * torch.sigmoid(r - v)
 
 
-@register("da_transformer", "multiplies ReLU(q.k) by a learned per-head sigmoid of the distance |i-j|")
+@register("da_transformer", "multiplies ReLU(q.k) by a learned per-head sigmoid of |i-j|")
 class DATransformer(PositionalEncoding):
     family = "contextual"
     relative = True
-    past_train_len = "the sigmoid saturates at 0 or 1+e^v, so far lags look alike; scores go to 0, not -inf"
+    past_train_len = "the sigmoid saturates, so far lags look alike; far scores fall to 0, not -inf"
     reference = "DA-Transformer: Distance-aware Transformer (Wu et al. 2021)"
 
     @dataclass

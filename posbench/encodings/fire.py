@@ -63,8 +63,9 @@ class FireMLP(nn.Module):
 class FIRE(PositionalEncoding):
     family = "bias"
     relative = True
-    past_train_len = "interpolates: lag/span maps every query into [0,1] at any length; nothing is unseen"
-    reference = "Functional Interpolation for Relative Positions Improves Long Context Transformers (Li et al. 2024)"
+    past_train_len = "interpolates: lag/span maps every query into [0,1] at any length"
+    reference = ("Functional Interpolation for Relative Positions Improves Long Context "
+                 "Transformers (Li et al. 2024)")
 
     @dataclass
     class Config(EncodingConfig):
@@ -76,11 +77,14 @@ class FIRE(PositionalEncoding):
     @classmethod
     def check(cls, cfg, run_cfg):
         if cfg.width < 1:
-            raise ConfigError(f"encoding.width={cfg.width} is not accepted; expected an integer >= 1")
+            raise ConfigError(f"encoding.width={cfg.width} is not accepted; "
+                              "expected an integer >= 1")
         if not cfg.init_c > 0:
-            raise ConfigError(f"encoding.init_c={cfg.init_c} is not accepted; expected a number > 0")
+            raise ConfigError(f"encoding.init_c={cfg.init_c} is not accepted; "
+                              "expected a number > 0")
         if not cfg.init_L > 0:
-            raise ConfigError(f"encoding.init_L={cfg.init_L} is not accepted; expected a number > 0")
+            raise ConfigError(f"encoding.init_L={cfg.init_L} is not accepted; "
+                              "expected a number > 0")
 
     def __init__(self, cfg, dims):
         super().__init__(cfg, dims)

@@ -46,15 +46,17 @@ def _clamp_after_step(module_ref):
 class Kerple(PositionalEncoding):
     family = "bias"
     relative = True
-    past_train_len = "a learned decay defined at every lag (log: slow, power: polynomial); nothing unseen"
-    reference = "KERPLE: Kernelized Relative Positional Embedding for Length Extrapolation (Chi et al. 2022)"
+    past_train_len = "a learned decay defined at every lag (log: slow, power: polynomial)"
+    reference = ("KERPLE: Kernelized Relative Positional Embedding for Length Extrapolation "
+                 "(Chi et al. 2022)")
 
     Config = KerpleConfig
 
     @classmethod
     def check(cls, cfg, run_cfg):
         if cfg.kernel not in KERNELS:
-            raise ConfigError(f"encoding.kernel={cfg.kernel!r} is not accepted; expected one of {KERNELS}")
+            raise ConfigError(f"encoding.kernel={cfg.kernel!r} is not accepted; "
+                              f"expected one of {KERNELS}")
 
     def __init__(self, cfg, dims):
         super().__init__(cfg, dims)

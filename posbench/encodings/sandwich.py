@@ -21,12 +21,13 @@ def head_scales(n_head: int) -> torch.Tensor:
     return n_head / (8.0 * torch.arange(1, n_head + 1, dtype=torch.float64))
 
 
-@register("sandwich", "parameter-free bias: inner product of sinusoids of the lag, compressed per head")
+@register("sandwich", "parameter-free bias: inner product of sinusoids of the lag, scaled per head")
 class Sandwich(PositionalEncoding):
     family = "bias"
     relative = True
-    past_train_len = "defined at every lag and bounded below by -d'H/(8h): log-like decay, then a slow drift"
-    reference = "Dissecting Transformer Length Extrapolation via the Lens of Receptive Field Analysis (Chi et al. 2023)"
+    past_train_len = "defined at every lag, bounded below by -d'H/(8h): log-like decay, slow drift"
+    reference = ("Dissecting Transformer Length Extrapolation via the Lens of Receptive Field "
+                 "Analysis (Chi et al. 2023)")
 
     @dataclass
     class Config(EncodingConfig):
@@ -41,7 +42,7 @@ class Sandwich(PositionalEncoding):
         head_dim = run_cfg.model.d_model // run_cfg.model.n_head
         if cfg.dim is None and head_dim % 2:
             raise ConfigError(f"model.d_model/model.n_head={head_dim} is not accepted with "
-                              "encoding.dim=null; expected an even head dimension (or set encoding.dim)")
+                              "encoding.dim=null; expected an even head dimension")
 
     def __init__(self, cfg, dims):
         super().__init__(cfg, dims)

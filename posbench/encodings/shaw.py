@@ -24,7 +24,7 @@ def clipped_lag(lag: torch.Tensor, k: int) -> torch.Tensor:
 class Shaw(PositionalEncoding):
     family = "bias"
     relative = True
-    past_train_len = "every lag >= k shares one vector: the far field is position-blind, nothing unseen"
+    past_train_len = "every lag >= k shares one vector: the far field is position-blind"
     reference = "Self-Attention with Relative Position Representations (Shaw et al. 2018)"
 
     @dataclass

@@ -33,12 +33,13 @@ def lag_scores(q: torch.Tensor, v: torch.Tensor, w_r: torch.Tensor, n_lags: int)
     return (q + v.unsqueeze(1)) @ keys.transpose(-1, -2)
 
 
-@register("transformer_xl", "Transformer-XL's four terms: content and sinusoid-position keys, biases u, v")
+@register("transformer_xl", "Transformer-XL's four terms: content and sinusoid-lag keys, u and v")
 class TransformerXL(PositionalEncoding):
     family = "bias"
     relative = True
     past_train_len = "R_lag is defined at every lag, but W_R, v were trained only on lags < L"
-    reference = "Transformer-XL: Attentive Language Models Beyond a Fixed-Length Context (Dai et al. 2019)"
+    reference = ("Transformer-XL: Attentive Language Models Beyond a Fixed-Length Context "
+                 "(Dai et al. 2019)")
 
     @dataclass
     class Config(EncodingConfig):
