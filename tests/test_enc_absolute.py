@@ -36,7 +36,8 @@ def test_integer_raw_moves_every_component_by_t_with_alternating_signs():
     pe = integer("none").table(pos, 16)[0]
     t = torch.arange(100, dtype=torch.float64).unsqueeze(-1)
     assert torch.equal(pe.abs(), t.expand(100, 16))
-    assert torch.equal(pe[:, 0::2], t.expand(100, 8)) and torch.equal(pe[:, 1::2], -t.expand(100, 8))
+    assert torch.equal(pe[:, 0::2], t.expand(100, 8))
+    assert torch.equal(pe[:, 1::2], -t.expand(100, 8))
     assert torch.equal(pe.sum(-1), torch.zeros(100, dtype=torch.float64))  # orthogonal to 1
 
 
@@ -60,8 +61,10 @@ def test_integer_normalized_by_n_spans_zero_to_one():
 
 def test_integer_normalized_by_training_length_does_not_depend_on_n():
     enc = integer("L", train_len=32)
-    short, long = enc.values(torch.arange(32).unsqueeze(0)), enc.values(torch.arange(100).unsqueeze(0))
-    assert short[0, 31] == 1 and torch.equal(long[:, :32], short) and long[0, 99] == pytest.approx(99 / 31)
+    short = enc.values(torch.arange(32).unsqueeze(0))
+    long = enc.values(torch.arange(100).unsqueeze(0))
+    assert short[0, 31] == 1 and torch.equal(long[:, :32], short)
+    assert long[0, 99] == pytest.approx(99 / 31)
 
 
 def test_integer_normalized_by_n_fails_prefix_by_design_and_raw_passes():
@@ -232,7 +235,8 @@ def test_randomized_training_breaks_prefix_consistency():
 
 
 def test_randomized_takes_relativity_and_hooks_from_its_base():
-    rope, sin = build("randomized").encoding, build("randomized", "encoding.base=sinusoidal").encoding
+    rope = build("randomized").encoding
+    sin = build("randomized", "encoding.base=sinusoidal").encoding
     assert rope.relative and rope.rotate is not None and rope.embed is None
     assert not sin.relative and sin.embed is not None and sin.rotate is None
     learned = build("randomized", "encoding.base=learned", "eval.lengths=[128]").encoding

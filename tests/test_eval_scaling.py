@@ -47,7 +47,8 @@ def test_pi_is_rope_at_position_t_over_s():
     want = apply_rotary(x, *rope_tables(pos.double() / s, rope_inv_freq(D, BASE), F64))
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     inv_freq, factor = rope("pi").frequencies(n)
-    torch.testing.assert_close(n * inv_freq, L * theta(), rtol=1e-15, atol=0)  # max angle: RoPE's at L
+    # the largest angle at n equals RoPE's at L
+    torch.testing.assert_close(n * inv_freq, L * theta(), rtol=1e-15, atol=0)
     assert factor == 1.0
 
 
@@ -128,7 +129,8 @@ def test_yarn_multiplies_logits_by_the_square_of_0_1_ln_s_plus_1():
     ratio = (yq @ yk.transpose(-2, -1)) / (apply_rotary(q, cos, sin) @ apply_rotary(k, cos, sin)
                                            .transpose(-2, -1))
     expected = (0.1 * math.log(4) + 1) ** 2
-    assert round(expected, 4) == 1.2965 and factor == pytest.approx(0.1 * math.log(4) + 1, rel=1e-15)
+    assert round(expected, 4) == 1.2965
+    assert factor == pytest.approx(0.1 * math.log(4) + 1, rel=1e-15)
     torch.testing.assert_close(ratio.median(), torch.tensor(expected), rtol=1e-6, atol=0)
 
 
@@ -175,8 +177,8 @@ def test_logn_scaling_equals_scaling_the_queries():
 # --- config checks and evaluate() --------------------------------------------------------------
 @pytest.mark.parametrize("encoding", ["alibi", "sinusoidal", "rope_2d"])
 def test_rope_scaling_on_a_non_rotary_encoding_fails_at_compose_in_one_line(encoding):
-    with pytest.raises(posbench.ConfigError, match=rf"^eval.rope_scaling='yarn' is not accepted; "
-                                                  rf"expected 'none' for encoding={encoding}") as err:
+    message = rf"^eval.rope_scaling='yarn' is not accepted; expected 'none' for encoding={encoding}"
+    with pytest.raises(posbench.ConfigError, match=message) as err:
         posbench.compose([f"encoding={encoding}", "eval.rope_scaling=yarn"])
     assert "\n" not in str(err.value)
 
@@ -195,7 +197,8 @@ def test_rotary_encodings_accept_every_scaling_and_any_encoding_accepts_logn():
     posbench.compose(["encoding=alibi", "eval.logn_scaling=true"])
     with pytest.raises(posbench.ConfigError, match=r"^eval.rope_scaling='pi' is not accepted; "
                                                   r"expected 'none' for encoding.base=sinusoidal"):
-        posbench.compose(["encoding=randomized", "encoding.base=sinusoidal", "eval.rope_scaling=pi"])
+        posbench.compose(["encoding=randomized", "encoding.base=sinusoidal",
+                          "eval.rope_scaling=pi"])
 
 
 def test_randomized_passes_the_scaling_to_its_rotary_base():

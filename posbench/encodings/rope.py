@@ -44,10 +44,10 @@ def ntk_base(base: float, s: float, head_dim: int) -> float:
 
 
 def yarn_inv_freq(inv_freq: torch.Tensor, s: float, train_len: int) -> torch.Tensor:
-    """YaRN's per-pair blend theta' = (1 - g) theta / s + g theta, with g the ramp of r = L / lambda,
-    the rotations a pair completes in the training window: pairs with r > beta keep RoPE, pairs
-    with r < alpha are interpolated as in PI. The ramp is the paper's, linear in r; HF's ramp over
-    pair indices agrees on both end regions, not in between."""
+    """YaRN's per-pair blend theta' = (1 - g) theta / s + g theta, with g the ramp of
+    r = L / lambda, the rotations a pair completes in the training window: pairs with r > beta
+    keep RoPE, pairs with r < alpha are interpolated as in PI. The ramp is the paper's, linear
+    in r; HF's ramp over pair indices agrees on both end regions, not in between."""
     rotations = train_len * inv_freq / (2 * math.pi)
     ramp = ((rotations - YARN_ALPHA) / (YARN_BETA - YARN_ALPHA)).clamp(0, 1)
     return (1 - ramp) * inv_freq / s + ramp * inv_freq
