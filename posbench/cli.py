@@ -130,7 +130,8 @@ def precheck(argv: list) -> None:
         return
     fixed, sweeps = [], []
     for override in OverridesParser.create().parse_overrides(args.overrides):
-        if override.get_key_element().lstrip("+~").startswith("hydra"):
+        key = override.get_key_element().lstrip("+~")
+        if key.startswith("hydra") and key != "hydra.searchpath":  # searchpath finds user configs
             continue
         if override.is_sweep_override():
             values = list(override.sweep_string_iterator())

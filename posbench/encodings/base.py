@@ -159,7 +159,9 @@ def encoding_config(run_cfg: DictConfig):
         typed = OmegaConf.merge(OmegaConf.structured(schema), values)
     except Exception as err:  # omegaconf's message names the key and the type
         name = enc_cfg.get("_target_") or enc_cfg.get("name")
-        raise ConfigError(f"encoding={name}: {str(err).splitlines()[0]}") from None
+        key = getattr(err, "full_key", None)
+        raise ConfigError(f"encoding={name}: " + (f"encoding.{key}: " if key else "")
+                          + str(err).splitlines()[0]) from None
     obj = OmegaConf.to_object(typed)
     cls.check(obj, run_cfg)
     return obj
