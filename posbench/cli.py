@@ -2,6 +2,7 @@
 --cfg job, --help, hydra.run.dir); `report` and `list` are plain commands."""
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -158,10 +159,15 @@ def main() -> None:
         print(USAGE)
         sys.exit(0 if argv else 2)
     verb, rest = argv[0], argv[1:]
+    if verb in ("-sc", "--shell-completion"):  # Hydra's completion script calls `posbench -sc`
+        words = os.environ.get("COMP_LINE", "").split(" ")
+        if words[1:2] == ["train"]:  # Hydra completes the overrides that follow the app name
+            os.environ["COMP_LINE"] = " ".join(words[:1] + words[2:])
+        verb, rest = "train", argv
     try:
         if verb == "train":
             precheck(rest)
-            sys.argv = ["posbench train", *rest]
+            sys.argv = ["posbench", *rest]
             train_app()
         elif verb == "eval":
             if not rest or rest[0].startswith("-") or "=" in rest[0]:
