@@ -76,6 +76,29 @@ def test_clamps_hold_after_a_step_with_huge_gradients(kernel, opt):
             assert (enc.r2 > 2.0).all()  # log has no upper bound
 
 
+@pytest.mark.parametrize("kernel", ["log", "power"])
+def test_values_set_out_of_range_by_hand_still_give_the_clamped_kernel(kernel):
+    model = build(kernel)
+    idx = torch.randint(0, 256, (1, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        model.encoding.r1.fill_(0.01)
+        model.encoding.r2.fill_(0.01)
+        at_bound = model(idx)
+        model.encoding.r1.fill_(-3.0)
+        model.encoding.r2.fill_(-0.5)  # log1p(-0.5 * lag) would be NaN
+        torch.testing.assert_close(model(idx), at_bound, rtol=0, atol=0)
+
+
+def test_a_parameter_at_its_bound_still_gets_gradient():
+    enc = build("power").encoding
+    with torch.no_grad():
+        enc.r1.fill_(0.01)
+        enc.r2.fill_(2.0)
+    lags = torch.arange(1, 20)
+    bias_rows(enc, lags).sum().backward()
+    assert (enc.r1.grad != 0).all() and (enc.r2.grad != 0).all()
+
+
 def test_step_hook_goes_away_with_the_model():
     from torch.optim.optimizer import _global_optimizer_post_hooks as hooks
 

@@ -5,7 +5,7 @@ power: b_h = -r1_h * |i - j|^r2_h,   0 < r2 <= 2
 
 r1 and r2 are per head and shared by all layers (chijames/KERPLE). The reference clamps them into
 range after every optimizer step; here a global optimizer step post-hook does that, so that the
-training loop needs no KERPLE branch (see Kerple.__init__).
+training loop needs no KERPLE branch (see Kerple.__init__), and the bias reads clamped values.
 """
 import weakref
 from dataclasses import dataclass
@@ -73,13 +73,22 @@ class Kerple(PositionalEncoding):
         handle = register_optimizer_step_post_hook(_clamp_after_step(weakref.ref(self)))
         weakref.finalize(self, handle.remove)
 
+    def bounded(self):
+        """(r1, r2) clamped into the kernel's range, differentiable inside it."""
+        r2_max = POWER_R2_MAX if self.cfg.kernel == "power" else None
+        return self.r1.clamp(min=R_MIN), self.r2.clamp(min=R_MIN, max=r2_max)
+
     @torch.no_grad()
     def clamp_(self) -> None:
-        self.r1.clamp_(min=R_MIN)
-        self.r2.clamp_(min=R_MIN, max=POWER_R2_MAX if self.cfg.kernel == "power" else None)
+        r1, r2 = self.bounded()
+        self.r1.copy_(r1)
+        self.r2.copy_(r2)
 
     def score_mod(self, q, k, pos, layer):
-        r1, r2, kernel = self.r1, self.r2, self.cfg.kernel
+        # The hook keeps the stored values in range during training; clamping here as well keeps
+        # the kernel defined for values set any other way (log1p(r2 * lag) is NaN for r2 < 0).
+        # Inside the range, the only place training visits, this clamp passes gradients unchanged.
+        (r1, r2), kernel = self.bounded(), self.cfg.kernel
 
         def kerple(score, b, h, q_idx, kv_idx):
             # future keys (negative lag) are masked afterwards; clamp keeps the bias finite
