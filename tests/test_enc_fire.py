@@ -60,17 +60,23 @@ def test_bias_depends_on_lag_alone_below_the_threshold_and_on_the_span_beyond():
     assert (lag3[:, 60] - lag3[:, 17]).abs().max() > 1e-3
 
 
-def test_blockwise_path_matches_dense_float64_reference(monkeypatch):
+@pytest.mark.parametrize("shared", [True, False])
+def test_blockwise_path_matches_dense_float64_reference(shared, monkeypatch):
     enc = build("model.n_head=3", "model.d_model=48", "encoding.init_L=20").encoding
     torch.manual_seed(0)
     B, H, T, d = 2, 3, 40, 16
     q, k, v = (torch.randn(B, H, T, d, dtype=torch.float64, requires_grad=True) for _ in range(3))
-    pos = (torch.arange(T) * 2 + 7).expand(B, T)  # spans 0..78 cross L_thr = 20
+    # spans cross L_thr = 20; one position row for the batch, or one per sequence
+    stride = torch.tensor([2, 2]) if shared else torch.tensor([2, 3])
+    pos = torch.arange(T) * stride.view(B, 1) + 7
+    if shared:
+        pos = pos[:1].expand(B, T)
     monkeypatch.setattr(attention, "BLOCK_ELEMENTS", B * H * T * 16)  # three blocks, checkpointed
     out = attend(q, k, v, pos, enc, 1)
 
     i, j = torch.arange(T).view(T, 1).double(), torch.arange(T).view(1, T).double()
-    bias = reference_bias(enc.mlps[1], 2 * (i - j), 2 * i, 20.0).permute(2, 0, 1)
+    step = stride.view(B, 1, 1).double()
+    bias = reference_bias(enc.mlps[1], step * (i - j), step * i, 20.0).permute(0, 3, 1, 2)
     s = q @ k.transpose(-1, -2) / math.sqrt(d) + bias
     ref = torch.softmax(s.masked_fill(j > i, float("-inf")), -1) @ v
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)

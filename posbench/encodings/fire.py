@@ -94,11 +94,15 @@ class FIRE(PositionalEncoding):
     def score_mod(self, q, k, pos, layer):
         mlp = self.mlps[layer]
         threshold = (mlp.l_mult * self.cfg.init_L).abs()
+        # one position row for the batch (the usual expanded arange) makes the bias the same for
+        # every sequence: on the blockwise path the MLP then runs once, not batch-size times
+        shared = pos.stride(0) == 0
 
         def fire(score, b, h, q_idx, kv_idx):
-            query = pos[b, q_idx]
-            lag = query - pos[b, kv_idx]  # negative for future keys, which are masked afterwards
-            span = (query - pos[b, 0]).to(threshold.dtype)
+            row = 0 if shared else b
+            query = pos[row, q_idx]
+            lag = query - pos[row, kv_idx]  # negative for future keys, which are masked afterwards
+            span = (query - pos[row, 0]).to(threshold.dtype)
             return score + mlp(fire_input(lag, span, mlp.c, threshold), h)
 
         return fire
