@@ -25,11 +25,6 @@ def psi(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     return torch.log1p((c * x).abs())
 
 
-def fire_input(lag, span, c, threshold):
-    """psi(lag) / psi(max(threshold, span)): in [0, 1] whenever 0 <= lag <= span."""
-    return psi(lag, c) / (psi(torch.maximum(span, threshold), c) + EPS)
-
-
 def _uniform(*shape, bound):
     return nn.Parameter(torch.empty(shape).uniform_(-bound, bound))
 
@@ -94,15 +89,21 @@ class FIRE(PositionalEncoding):
     def score_mod(self, q, k, pos, layer):
         mlp = self.mlps[layer]
         threshold = (mlp.l_mult * self.cfg.init_L).abs()
-        # one position row for the batch (the usual expanded arange) makes the bias the same for
-        # every sequence: on the blockwise path the MLP then runs once, not batch-size times
-        shared = pos.stride(0) == 0
+        # One position row for the batch (the usual expanded arange) makes the bias the same for
+        # every sequence: on the blockwise path the MLP then runs once, not batch-size times.
+        if pos.stride(0) == 0:
+            rows, at = pos[0], lambda table, b, idx: table[idx]
+        else:
+            rows, at = pos, lambda table, b, idx: table[b, idx]
+        # psi of every lag that occurs and the normalizer of every query, looked up per score:
+        # no learned scalar is captured on its own (FlexAttention's backward rejects those)
+        psi_lag = psi(torch.arange(int(pos.max() - pos.min()) + 1, device=pos.device), mlp.c)
+        span = (rows - rows[..., :1]).to(threshold.dtype)
+        normalizer = psi(torch.maximum(span, threshold), mlp.c) + EPS
 
         def fire(score, b, h, q_idx, kv_idx):
-            row = 0 if shared else b
-            query = pos[row, q_idx]
-            lag = query - pos[row, kv_idx]  # negative for future keys, which are masked afterwards
-            span = (query - pos[row, 0]).to(threshold.dtype)
-            return score + mlp(fire_input(lag, span, mlp.c, threshold), h)
+            # future keys (negative lag) are masked afterwards; clamp keeps the index valid
+            lag = (at(rows, b, q_idx) - at(rows, b, kv_idx)).clamp(min=0)
+            return score + mlp(psi_lag[lag] / at(normalizer, b, q_idx), h)
 
         return fire
