@@ -96,7 +96,8 @@ class FIRE(PositionalEncoding):
         else:
             rows, at = pos, lambda table, b, idx: table[b, idx]
         # psi of every lag that occurs and the normalizer of every query, looked up per score:
-        # no learned scalar is captured on its own (FlexAttention's backward rejects those)
+        # no learned 0-d tensor is captured (FlexAttention's backward fails on those,
+        # pytorch/pytorch#145208), and no log is taken per score
         psi_lag = psi(torch.arange(int(pos.max() - pos.min()) + 1, device=pos.device), mlp.c)
         span = (rows - rows[..., :1]).to(threshold.dtype)
         normalizer = psi(torch.maximum(span, threshold), mlp.c) + EPS

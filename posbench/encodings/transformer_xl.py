@@ -61,7 +61,7 @@ class TransformerXL(PositionalEncoding):
         self.w_r = nn.Parameter(torch.randn(dims.n_layer, H * d, D) * 0.02)
 
     def score_mod(self, q, k, pos, layer):
-        B, H, T, d = q.shape
+        H, d = q.shape[1], q.shape[3]
         dtype = torch.promote_types(q.dtype, torch.float32)
         u, v = self.u.view(H, d).to(dtype), self.v.view(H, d).to(dtype)
         scale = 1 / math.sqrt(d)
