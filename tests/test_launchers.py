@@ -1,0 +1,38 @@
+"""Sweeps in parallel (joblib) and on clusters (SLURM through submitit: config only here)."""
+import json
+import shutil
+import subprocess
+
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+
+import posbench  # noqa: F401 - registers the schema and encodings
+
+
+def hydra_cfg(overrides):
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="posbench.conf", version_base=None):
+        return compose("config", overrides=overrides, return_hydra_config=True).hydra
+
+
+def test_slurm_preset_is_a_ready_submitit_config():
+    launcher = hydra_cfg(["hydra/launcher=slurm", "hydra.launcher.partition=gpu"]).launcher
+    assert launcher._target_.endswith("submitit_launcher.SlurmLauncher")
+    assert launcher.gpus_per_node == 1 and launcher.partition == "gpu"
+    assert launcher.max_num_timeout > 0
+
+
+def test_plain_submitit_slurm_composes():
+    launcher = hydra_cfg(["hydra/launcher=submitit_slurm"]).launcher
+    assert launcher._target_.endswith("SlurmLauncher")
+
+
+def test_joblib_runs_sweep_jobs_in_parallel_processes(tmp_path, toy):
+    proc = subprocess.run([shutil.which("posbench"), "train", "-m", "hydra/launcher=joblib",
+                           "hydra.launcher.n_jobs=2", *toy, "encoding=nope,alibi",
+                           "hydra.sweep.dir=sweep"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(p.read_text()) for p in (tmp_path / "sweep").rglob("results.json")]
+    assert sorted(r["encoding"] for r in records) == ["alibi", "nope"]
+    assert (tmp_path / "sweep" / "summary.md").is_file()
