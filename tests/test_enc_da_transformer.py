@@ -1,6 +1,7 @@
 """DA-Transformer (shared/ENCODINGS.md 5.1): ReLU(q.k) times a learned sigmoid of |i-j|."""
 import math
 
+import pytest
 import torch
 
 import posbench
@@ -19,6 +20,13 @@ def build(*extra):
             w.copy_(torch.tensor([0.3, -0.2, 0.05, -1.0]))
             v.copy_(torch.tensor([0.0, 1.5, -2.0, 0.7]))
     return model
+
+
+def positions(strides, T, offset):
+    """(B, T) positions offset + stride_b * t: one row expanded when the strides agree (the
+    usual shared row), else one row per sequence."""
+    pos = torch.arange(T) * torch.tensor(strides).view(-1, 1) + offset
+    return pos[:1].expand(len(strides), T) if len(set(strides)) == 1 else pos
 
 
 def test_rescale_is_one_at_zero_and_strictly_between_zero_and_its_ceiling():
@@ -49,17 +57,18 @@ def test_unmasked_logits_are_nonnegative_and_zero_where_qk_is_negative():
     torch.testing.assert_close(out[..., diag, diag], score.relu()[..., diag, diag])
 
 
-def test_blockwise_path_matches_dense_float64_reference(monkeypatch):
+@pytest.mark.parametrize("strides", [(2, 2), (2, 3)])
+def test_blockwise_path_matches_dense_float64_reference(strides, monkeypatch):
     torch.manual_seed(0)
     enc = build("model.n_head=4").encoding
     B, H, T, d = 2, 4, 40, 16
     q, k, v = (torch.randn(B, H, T, d, dtype=torch.float64, requires_grad=True) for _ in range(3))
-    pos = (torch.arange(T) * 2 + 11).expand(B, T)
+    pos = positions(strides, T, 11)
     monkeypatch.setattr(attention, "BLOCK_ELEMENTS", B * H * T * 16)  # three blocks, checkpointed
     out = attend(q, k, v, pos, enc, 1)
 
     i, j = torch.arange(T).view(T, 1), torch.arange(T).view(1, T)
-    dist = (2 * (i - j)).abs().double()
+    dist = (torch.tensor(strides).view(B, 1, 1, 1) * (i - j)).abs().double()
     w, off = enc.w[1].double().view(H, 1, 1), enc.v[1].double().view(H, 1, 1)
     rescale = (1 + off.exp()) / (1 + torch.exp(off - w * dist))
     s = torch.relu(q @ k.transpose(-1, -2)) * rescale / math.sqrt(d)

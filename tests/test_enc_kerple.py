@@ -29,6 +29,13 @@ def bias_rows(enc, lags, layer=0):
     return out[0, :, 0].flip(-1)
 
 
+def positions(strides, T, offset):
+    """(B, T) positions offset + stride_b * t: one row expanded when the strides agree (the
+    usual shared row), else one row per sequence."""
+    pos = torch.arange(T) * torch.tensor(strides).view(-1, 1) + offset
+    return pos[:1].expand(len(strides), T) if len(set(strides)) == 1 else pos
+
+
 @pytest.mark.parametrize("kernel", ["log", "power"])
 def test_bias_is_zero_at_lag_zero_and_non_increasing(kernel):
     enc = build(kernel).encoding
@@ -111,18 +118,18 @@ def test_step_hook_goes_away_with_the_model():
     assert len(hooks) == before
 
 
-@pytest.mark.parametrize("kernel", ["log", "power"])
-def test_blockwise_path_matches_dense_float64_reference(kernel, monkeypatch):
+@pytest.mark.parametrize("kernel,strides", [("log", (2, 2)), ("power", (2, 2)), ("power", (2, 3))])
+def test_blockwise_path_matches_dense_float64_reference(kernel, strides, monkeypatch):
     torch.manual_seed(0)
     enc = build(kernel, "model.n_head=3", "model.d_model=48").encoding
     B, H, T, d = 2, 3, 40, 16
     q, k, v = (torch.randn(B, H, T, d, dtype=torch.float64, requires_grad=True) for _ in range(3))
-    pos = (torch.arange(T) * 2 + 7).expand(B, T)
+    pos = positions(strides, T, 7)
     monkeypatch.setattr(attention, "BLOCK_ELEMENTS", B * H * T * 16)  # three blocks, checkpointed
     out = attend(q, k, v, pos, enc, 1)
 
     i, j = torch.arange(T).view(T, 1), torch.arange(T).view(1, T)
-    lag = (2 * (i - j)).clamp(min=0).double()
+    lag = (torch.tensor(strides).view(B, 1, 1, 1) * (i - j)).clamp(min=0).double()
     r1, r2 = enc.r1.double().view(H, 1, 1), enc.r2.double().view(H, 1, 1)
     bias = -r1 * (torch.log(1 + r2 * lag) if kernel == "log" else lag ** r2)
     s = q @ k.transpose(-1, -2) / math.sqrt(d) + bias

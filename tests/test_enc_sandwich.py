@@ -32,6 +32,13 @@ def direct_bias(lag, dim, h, n_head):
     return (total - dim / 2) * n_head / (8 * h)
 
 
+def positions(strides, T, offset):
+    """(B, T) positions offset + stride_b * t: one row expanded when the strides agree (the
+    usual shared row), else one row per sequence."""
+    pos = torch.arange(T) * torch.tensor(strides).view(-1, 1) + offset
+    return pos[:1].expand(len(strides), T) if len(set(strides)) == 1 else pos
+
+
 # reference values of ENCODINGS.md 4.7 (d'=64, h=1, H=8) and the decimals they are given to
 REFERENCE = [(0, 0.0, 1), (1, -0.62, 2), (5, -7.8, 1), (50, -16.3, 1), (500, -23.7, 1),
              (2000, -30.0, 1)]
@@ -64,19 +71,20 @@ def test_bias_is_zero_at_lag_zero_nonpositive_and_bounded_per_head():
     assert float(bias[0, 1, 0]) == pytest.approx(direct_bias(17, 16, 1, 8), abs=1e-6)
 
 
-def test_blockwise_path_matches_dense_float64_reference(monkeypatch):
+@pytest.mark.parametrize("strides", [(3, 3), (3, 2)])
+def test_blockwise_path_matches_dense_float64_reference(strides, monkeypatch):
     torch.manual_seed(0)
     enc = build("model.n_head=3", "model.d_model=48").encoding  # d' = 16
     B, H, T, d = 2, 3, 40, 16
     q, k, v = (torch.randn(B, H, T, d, dtype=torch.float64, requires_grad=True) for _ in range(3))
-    pos = (torch.arange(T) * 3 + 5).expand(B, T)
+    pos = positions(strides, T, 5)
     monkeypatch.setattr(attention, "BLOCK_ELEMENTS", B * H * T * 16)  # three blocks, checkpointed
     out = attend(q, k, v, pos, enc, 0)
 
     i, j = torch.arange(T).view(T, 1), torch.arange(T).view(1, T)
-    lag = (3 * (i - j)).clamp(min=0)
-    bias = torch.tensor([[[direct_bias(int(lag[r, c]), 16, h, H) for c in range(T)]
-                          for r in range(T)] for h in range(1, H + 1)], dtype=torch.float64)
+    bias = torch.tensor([[[[direct_bias(max(0, s * (r - c)), 16, h, H) for c in range(T)]
+                           for r in range(T)] for h in range(1, H + 1)] for s in strides],
+                        dtype=torch.float64)
     s = q @ k.transpose(-1, -2) / math.sqrt(d) + bias
     ref = torch.softmax(s.masked_fill(j > i, float("-inf")), -1) @ v
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)

@@ -37,9 +37,11 @@ class DATransformer(PositionalEncoding):
 
     def score_mod(self, q, k, pos, layer):
         w, v = self.w[layer], self.v[layer]
+        shared = pos.stride(0) == 0  # one position row for the batch: one rescale for all rows
 
         def da(score, b, h, q_idx, kv_idx):
-            distance = (pos[b, q_idx] - pos[b, kv_idx]).abs().to(w.dtype)
+            row = 0 if shared else b
+            distance = (pos[row, q_idx] - pos[row, kv_idx]).abs().to(w.dtype)
             # score = q.k/sqrt(d), so ReLU(score) = ReLU(q.k)/sqrt(d); the mask comes after
             return torch.relu(score) * distance_rescale(w[h] * distance, v[h])
 

@@ -89,10 +89,12 @@ class Kerple(PositionalEncoding):
         # the kernel defined for values set any other way (log1p(r2 * lag) is NaN for r2 < 0).
         # Inside the range, the only place training visits, this clamp passes gradients unchanged.
         (r1, r2), kernel = self.bounded(), self.cfg.kernel
+        shared = pos.stride(0) == 0  # one position row for the batch: one bias for all rows
 
         def kerple(score, b, h, q_idx, kv_idx):
+            row = 0 if shared else b
             # future keys (negative lag) are masked afterwards; clamp keeps the bias finite
-            lag = (pos[b, q_idx] - pos[b, kv_idx]).clamp(min=0).to(r1.dtype)
+            lag = (pos[row, q_idx] - pos[row, kv_idx]).clamp(min=0).to(r1.dtype)
             return score + kerple_bias(lag, r1[h], r2[h], kernel)
 
         return kerple

@@ -54,9 +54,11 @@ class Sandwich(PositionalEncoding):
         lags = torch.arange(int(pos.max() - pos.min()) + 1, device=pos.device)
         table = sandwich_bias(lags, self.dim).float()
         scales = self.scales
+        shared = pos.stride(0) == 0  # one position row for the batch: one bias for all rows
 
         def sandwich(score, b, h, q_idx, kv_idx):
+            row = 0 if shared else b
             # future keys (negative lag) are masked afterwards; clamp keeps the index valid
-            return score + scales[h] * table[(pos[b, q_idx] - pos[b, kv_idx]).clamp(min=0)]
+            return score + scales[h] * table[(pos[row, q_idx] - pos[row, kv_idx]).clamp(min=0)]
 
         return sandwich
