@@ -116,6 +116,9 @@ def test_shift_leaves_model_logits_unchanged_even_past_the_threshold():
         for c in (1, 17, 1000):  # 1000 puts every position past L_thr = 512
             shifted = model(idx, pos=torch.arange(64) + c)
             assert ((shifted - base).abs() <= 1e-5 * base.abs().clamp(min=1)).all(), c
+        # one offset per sequence: lag tables span one sequence, not the gap between them
+        rows = torch.stack([torch.arange(64), torch.arange(64) + 10**6])
+        assert ((model(idx, pos=rows) - base).abs() <= 1e-5 * base.abs().clamp(min=1)).all()
         assert (model(idx, pos=torch.arange(64) * 2) - base).abs().max() > 1e-4
 
 

@@ -102,6 +102,9 @@ def test_shift_leaves_model_logits_unchanged():
         for c in (1, 17, 1000):
             shifted = model(idx, pos=torch.arange(64) + c)
             assert ((shifted - base).abs() <= 1e-5 * base.abs().clamp(min=1)).all(), c
+        # one offset per sequence: lag tables span one sequence, not the gap between them
+        rows = torch.stack([torch.arange(64), torch.arange(64) + 10**6])
+        assert ((model(idx, pos=rows) - base).abs() <= 1e-5 * base.abs().clamp(min=1)).all()
         # not vacuous: other lags give other logits
         assert not torch.allclose(model(idx, pos=torch.arange(64) * 2), base, atol=1e-3)
 

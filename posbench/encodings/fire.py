@@ -98,7 +98,8 @@ class FIRE(PositionalEncoding):
         # psi of every lag that occurs and the normalizer of every query, looked up per score:
         # no learned 0-d tensor is captured (FlexAttention's backward fails on those,
         # pytorch/pytorch#145208), and no log is taken per score
-        psi_lag = psi(torch.arange(int(pos.max() - pos.min()) + 1, device=pos.device), mlp.c)
+        longest = int((pos.amax(1) - pos.amin(1)).max())  # lags occur within a sequence only
+        psi_lag = psi(torch.arange(longest + 1, device=pos.device), mlp.c)
         span = (rows - rows[..., :1]).to(threshold.dtype)
         normalizer = psi(torch.maximum(span, threshold), mlp.c) + EPS
 

@@ -50,8 +50,8 @@ class Sandwich(PositionalEncoding):
         self.register_buffer("scales", head_scales(dims.n_head).float(), persistent=False)
 
     def score_mod(self, q, k, pos, layer):
-        # one bias per lag that occurs, built in float64 then cast
-        lags = torch.arange(int(pos.max() - pos.min()) + 1, device=pos.device)
+        # one bias per lag that occurs (within a sequence), built in float64 then cast
+        lags = torch.arange(int((pos.amax(1) - pos.amin(1)).max()) + 1, device=pos.device)
         table = sandwich_bias(lags, self.dim).float()
         scales = self.scales
         shared = pos.stride(0) == 0  # one position row for the batch: one bias for all rows

@@ -66,7 +66,7 @@ class TransformerXL(PositionalEncoding):
         u, v = self.u.view(H, d).to(dtype), self.v.view(H, d).to(dtype)
         scale = 1 / math.sqrt(d)
         key_bias = (k.to(dtype) @ u.unsqueeze(-1)).squeeze(-1) * scale  # term (c), (B, H, T)
-        n_lags = int(pos.max() - pos.min()) + 1
+        n_lags = int((pos.amax(1) - pos.amin(1)).max()) + 1  # lags occur within a sequence only
         position = lag_scores(q.to(dtype), v, self.w_r[layer].to(dtype), n_lags) * scale
 
         def transformer_xl(score, b, h, q_idx, kv_idx):
