@@ -44,12 +44,12 @@ class GPT(nn.Module):
                  encoding: PositionalEncoding):
         super().__init__()
         self.tok_emb = nn.Embedding(vocab_size, d_model)
-        self.encoding = encoding
         self.blocks = nn.ModuleList(Block(d_model, n_head, mlp_ratio, i) for i in range(n_layer))
         self.ln_f = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
         self.head.weight = self.tok_emb.weight  # weight tying
         self.apply(self._init)
+        self.encoding = encoding  # after the GPT's init: an encoding initializes its own modules
         for name, p in self.named_parameters():  # GPT-2: scale residual projections by depth
             if name.endswith(("attn.proj.weight", "mlp.down.weight")):
                 nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * n_layer))

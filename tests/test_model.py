@@ -79,3 +79,18 @@ def test_sdpa_path_matches_dense_reference():
     s = s.masked_fill(torch.ones(33, 33, dtype=torch.bool).triu(1), float("-inf"))
     torch.testing.assert_close(attend(q, k, v, pos, enc, 0), torch.softmax(s, -1) @ v,
                                rtol=1e-5, atol=1e-5)
+
+
+def test_gpt_init_leaves_the_encodings_own_modules_alone():
+    from posbench.encodings import Dims, PositionalEncoding
+    from posbench.model import GPT
+
+    class ZeroLinear(PositionalEncoding):
+        def __init__(self):
+            super().__init__(None, Dims(1, 2, 32, 16, 16))
+            self.proj = torch.nn.Linear(32, 32)
+            torch.nn.init.zeros_(self.proj.weight)
+
+    model = GPT(256, 1, 2, 32, 4, ZeroLinear())
+    assert torch.count_nonzero(model.encoding.proj.weight) == 0
+    assert torch.count_nonzero(model.blocks[0].attn.qkv.weight) > 0
