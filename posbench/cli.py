@@ -46,26 +46,49 @@ def _remove_if_empty(run_dir: Path) -> None:
         run_dir.rmdir()
 
 
+# exit codes of this process's jobs that did not finish: a sweep goes on past them, and main()
+# exits with the worst at the end (2: refused, 1: failed)
+_job_errors: list = []
+
+
+def _job_error(err: object, code: int) -> None:
+    print(f"posbench: error: {err}", file=sys.stderr)
+    _job_errors.append(code)
+
+
 @hydra.main(version_base=None, config_path="pkg://posbench.conf", config_name="config")
 def train_app(cfg: DictConfig) -> None:
-    from posbench.train import train
+    """One run: skipped when its run dir holds its results, resumed from its checkpoint, else
+    trained from step 0. Failures are reported, never raised, so that a sweep goes on."""
+    from posbench.train import RunFailed, finished, one_line, plan_run, train
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     try:
         check(cfg)
-        if (run_dir / "results.json").exists():
-            raise ConfigError(f"hydra.run.dir={str(run_dir)!r} already holds results.json; "
-                              "expected a new run dir (nothing was overwritten)")
-        _save_hydra_files(run_dir, cfg)
-        if hc.mode == RunMode.MULTIRUN:
-            group, name = Path(hc.sweep.dir).name, hc.job.override_dirname or cfg.encoding.name
-        else:
-            group, name = run_dir.name, run_dir.name
-        train(cfg, run_dir, group=group, name=name)
+        if finished(cfg, run_dir):
+            print(f"posbench: skipped {run_dir}: it already holds results.json (status ok) of "
+                  "this config")
+            return
+        start = plan_run(cfg, run_dir)
     except ConfigError as err:
         _remove_if_empty(run_dir)
-        fail(err)
+        return _job_error(err, 2)
+    except OSError as err:  # e.g. the data could not be read
+        return _job_error(f"run {str(run_dir)!r} could not start: {one_line(err)}", 1)
+    if hc.mode == RunMode.MULTIRUN:
+        group, name = Path(hc.sweep.dir).name, hc.job.override_dirname or cfg.encoding.name
+    else:
+        group, name = run_dir.name, run_dir.name
+    try:
+        _save_hydra_files(run_dir, cfg)
+        train(cfg, run_dir, group=group, name=name, start=start)
+    except ConfigError as err:
+        _job_error(err, 2)
+    except RunFailed as err:
+        _job_error(err, 1)
+    except OSError as err:  # .hydra/ could not be written, e.g. a full disk
+        _job_error(f"run {str(run_dir)!r} could not start: {one_line(err)}", 1)
 
 
 @hydra.main(version_base=None, config_path=None, config_name=None)
@@ -169,6 +192,8 @@ def main() -> None:
             precheck(rest)
             sys.argv = ["posbench", *rest]
             train_app()
+            if _job_errors:
+                sys.exit(max(_job_errors))
         elif verb == "eval":
             if not rest or rest[0].startswith("-") or "=" in rest[0]:
                 raise ConfigError("posbench eval needs RUN_DIR first; expected "

@@ -47,6 +47,10 @@ class TrainConfig:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     log_every: int = 50
+    # a checkpoint every this many steps (0: only at the end); a killed run resumes from the last
+    ckpt_every: int = 250
+    # continue the run dir's checkpoint, or skip a finished run; false refuses a used run dir
+    resume: bool = True
     compile: bool = False
 
 
@@ -133,8 +137,10 @@ def check(cfg: DictConfig) -> None:
         _positive(f"model.{key}", m[key])
     _require(m.d_model % m.n_head == 0, "model.d_model", m.d_model,
              f"a multiple of model.n_head={m.n_head}")
-    for key in ("seq_len", "steps", "batch_size"):
+    for key in ("seq_len", "steps", "batch_size", "log_every"):
         _positive(f"train.{key}", cfg.train[key])
+    _require(cfg.train.ckpt_every >= 0, "train.ckpt_every", cfg.train.ckpt_every,
+             "an integer >= 0 (0: a checkpoint only at the end)")
     _require(cfg.train.lr > 0, "train.lr", cfg.train.lr, "a positive number")
     _require(0 <= cfg.train.warmup_steps, "train.warmup_steps", cfg.train.warmup_steps,
              "an integer >= 0")

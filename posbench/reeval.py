@@ -6,10 +6,10 @@ import re
 from pathlib import Path
 from typing import List
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 import posbench
+from posbench.checkpoint import CHECKPOINT, load_checkpoint
 from posbench.config import ConfigError
 from posbench.evaluate import evaluate
 from posbench.results import load_results, print_curve, results_record, write_results
@@ -36,13 +36,13 @@ def reevaluate(cfg: DictConfig, run_dir: Path, overrides: List[str]) -> dict:
     if data.fingerprint != trained["dataset"]["fingerprint"]:
         raise ConfigError(f"dataset fingerprint {data.fingerprint} differs from the run's "
                           f"{trained['dataset']['fingerprint']}; expected the training corpus")
-    state = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=True)
+    state = load_checkpoint(run_dir / CHECKPOINT)
     model = posbench.build_model(OmegaConf.create(state["config"]), data.vocab_size)
     model.load_state_dict(state["model"])
     model.to(device)
     curve = evaluate(model, data, cfg.eval, device)
     record = results_record(cfg, model, data, curve, train=trained["train"])
-    record["evaluated_from"] = str(run_dir / "checkpoint.pt")
+    record["evaluated_from"] = str(run_dir / CHECKPOINT)
     name = results_name(run_dir, overrides)
     write_results(run_dir, record, name=name)
     print_curve(record)

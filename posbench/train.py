@@ -1,23 +1,65 @@
-"""Train at a short context, evaluate at long ones, write the run's results."""
+"""Train at a short context, evaluate at long ones, write the run's results.
+
+The run dir holds the run's state: checkpoint.pt every train.ckpt_every steps and at the end of
+training, then results.json. Starting the same run again (same run dir, same config but for the
+keys in RESUME_FREE) picks up what is there, and on CPU ends bit for bit where an uninterrupted run
+would have:
+- results.json with status ok: nothing to do (`finished`);
+- checkpoint.pt: resume from it (model, optimizer, step, RNG states, the open loss window);
+- neither: start at step 0.
+A run that fails once started writes results.json with status failed and the reason, and keeps
+its last good checkpoint, from which the next start resumes. A non-finite loss is such a failure:
+on CPU it is caught at the step that made it; on CUDA, to spare a host sync per step, at the next
+log step or checkpoint, always before the bad weights are saved, so the checkpoint kept is good.
+"""
 from __future__ import annotations
 
 import math
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
 import posbench
+from posbench.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
 from posbench.config import ConfigError, to_container
 from posbench.data import prepare
+from posbench.data.tokens import TokenData
 from posbench.data.windows import check_train_len, eval_windows, train_batch
 from posbench.evaluate import evaluate
-from posbench.io import atomic_path
+from posbench.io import write_json
 from posbench.loggers import make_logger
-from posbench.results import print_curve, results_record, write_results
+from posbench.results import RESULTS, load_results, print_curve, results_record, write_results
+
+# config keys that change neither the weights nor the training loss: they may differ on resume
+RESUME_FREE = ("eval.", "logger.", "train.resume", "train.ckpt_every", "dataset.cache_dir")
+
+
+class RunFailed(Exception):
+    """The run started but did not finish; its results.json says status failed and why."""
+
+
+@dataclass
+class Start:
+    """A run whose config and run dir were accepted, before anything is written."""
+    device: torch.device
+    data: TokenData
+    model: torch.nn.Module
+    state: Optional[dict]  # the checkpoint to resume from; None: step 0
+
+
+@dataclass
+class Progress:
+    """What a failure report needs, kept current by the training loop."""
+    first: int = 0  # step this session started from
+    step: int = 0  # steps done
+    saved_step: Optional[int] = None  # step of the checkpoint on disk
+    last_loss: Optional[float] = None  # last finite per-step training loss
 
 
 def resolve_device(name: str) -> torch.device:
@@ -46,7 +88,7 @@ def make_optimizer(model, cfg, device):
 
 
 def prepare_run(cfg: DictConfig):
-    """Everything that can reject the config, done before any training."""
+    """Everything in the config that can be refused before any training."""
     device = resolve_device(cfg.device)
     data = prepare(cfg.dataset)
     check_train_len(data, cfg.train.seq_len)
@@ -55,34 +97,163 @@ def prepare_run(cfg: DictConfig):
     return device, data
 
 
-def train(cfg: DictConfig, run_dir: Path, group: str, name: str) -> dict:
+def _flat(tree: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def config_changes(saved: dict, cfg: DictConfig) -> list:
+    """(key, saved value, new value) for every key outside RESUME_FREE that differs."""
+    old, new = _flat(saved), _flat(to_container(cfg))
+    keys = list(new) + [k for k in old if k not in new]
+    return [(k, old.get(k, "<absent>"), new.get(k, "<absent>")) for k in keys
+            if not k.startswith(RESUME_FREE) and old.get(k, "<absent>") != new.get(k, "<absent>")]
+
+
+def require_same_run(cfg: DictConfig, saved: dict, path: Path) -> None:
+    changes = config_changes(saved, cfg)
+    if changes:
+        key, old, new = changes[0]
+        more = f" (and {len(changes) - 1} more keys)" if len(changes) > 1 else ""
+        raise ConfigError(f"{key}={new!r} is not accepted: run dir {str(path.parent)!r} already "
+                          f"holds {path.name} of a run with {key}={old!r}{more}; expected that "
+                          "config (only eval.* and logger.* may differ) or a new run dir "
+                          "(nothing was overwritten)")
+
+
+def read_results(run_dir: Path) -> Optional[dict]:
+    path = Path(run_dir) / RESULTS
+    if not path.exists():
+        return None
+    try:
+        return load_results(path)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{path} is unreadable ({err}); expected a results.json written by "
+                          "posbench: delete it to run again") from None
+
+
+def finished(cfg: DictConfig, run_dir: Path) -> bool:
+    """Whether the run dir holds this run's results with status ok, so there is nothing to do.
+    Another config's results are refused, never mistaken for this run's."""
+    record = read_results(run_dir)
+    if not cfg.train.resume or record is None or record.get("status") != "ok":
+        return False
+    require_same_run(cfg, record["config"], Path(run_dir) / RESULTS)
+    return True
+
+
+def plan_run(cfg: DictConfig, run_dir: Path) -> Start:
+    """Checks the config against the data and the run dir, and builds the model, from its
+    checkpoint when there is one. Writes nothing."""
     run_dir = Path(run_dir)
-    if (run_dir / "results.json").exists():
-        raise ConfigError(f"hydra.run.dir={str(run_dir)!r} already holds results.json; expected "
-                          "a new run dir (nothing was overwritten)")
     device, data = prepare_run(cfg)
+    held = [p.name for p in (run_dir / RESULTS, run_dir / CHECKPOINT) if p.exists()]
+    if held and not cfg.train.resume:
+        raise ConfigError(f"train.resume=false is not accepted: run dir {str(run_dir)!r} holds "
+                          f"{' and '.join(held)}; expected train.resume=true to continue that run, "
+                          "or a new run dir (nothing was overwritten)")
+    if finished(cfg, run_dir):
+        raise ConfigError(f"run dir {str(run_dir)!r} already holds results.json (status ok); "
+                          "expected a new run dir (nothing was overwritten)")
     torch.manual_seed(cfg.seed)
+    model = posbench.build_model(cfg, data.vocab_size)
+    state = None
+    if (run_dir / CHECKPOINT).exists():
+        state = load_checkpoint(run_dir / CHECKPOINT)
+        check_resumable(cfg, state, run_dir / CHECKPOINT, data, model)
+    return Start(device, data, model.to(device), state)
+
+
+def check_resumable(cfg: DictConfig, state: dict, path: Path, data: TokenData, model) -> None:
+    """Refuses a checkpoint of another version, config or corpus; loads its weights."""
+    if state["posbench"] != posbench.__version__:
+        raise ConfigError(f"run dir {str(path.parent)!r} holds {path.name} of posbench "
+                          f"{state['posbench']}; expected one of posbench {posbench.__version__} "
+                          "to resume, or a new run dir (nothing was overwritten)")
+    require_same_run(cfg, state["config"], path)
+    if state["dataset"] != data.fingerprint:
+        raise ConfigError(f"dataset {data.name} now has fingerprint {data.fingerprint}; {path} was "
+                          f"trained on {state['dataset']}; expected the same corpus to resume, "
+                          "or a new run dir (nothing was overwritten)")
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as err:  # eval.lengths can size a learned table
+        new = _flat(to_container(cfg))
+        saved = ", ".join(f"{k}={v!r}" for k, v in _flat(state["config"]).items()
+                          if k.startswith("eval.") and new.get(k) != v)
+        raise ConfigError(f"{path} does not fit the model of this config ("
+                          f"{' '.join(str(err).split())[:200]}); expected the eval values it was "
+                          f"trained with: {saved}") from None
+
+
+def rng_state(device: torch.device) -> dict:
+    # numpy and python RNGs are not used: batches come from a generator seeded by (seed, step)
+    state = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def check_finite(losses: torch.Tensor, first_step: int, last_good: Optional[float]) -> float:
+    """The last of `losses` (the losses of steps first_step+1, ...), or FloatingPointError naming
+    the first non-finite one and the loss before it."""
+    bad = (~torch.isfinite(losses)).nonzero()
+    if len(bad):
+        i = int(bad[0])
+        good = float(losses[i - 1]) if i else last_good
+        raise FloatingPointError(f"non-finite training loss {float(losses[i])} at step "
+                                 f"{first_step + i + 1}; last good loss "
+                                 + (f"{good:.4f}" if good is not None else "none"))
+    return float(losses[-1])
+
+
+def fit(cfg: DictConfig, start: Start, run_dir: Path, logger, progress: Progress) -> dict:
+    """Trains from the start's step to train.steps; returns the `train` part of results.json."""
+    t, device, model, data = cfg.train, start.device, start.model, start.data
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    model = posbench.build_model(cfg, data.vocab_size).to(device)
-    optimizer = make_optimizer(model, cfg.train, device)
-    step_fn = torch.compile(model.token_losses) if cfg.train.compile else model.token_losses
+    optimizer = make_optimizer(model, t, device)
+    step_fn = torch.compile(model.token_losses) if t.compile else model.token_losses
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
                 else nullcontext())
-    logger = make_logger(cfg, run_dir, name, group, to_container(cfg))
-
-    t = cfg.train
+    # per-step losses of the open log window, kept on device (no host sync per step on CUDA);
+    # final_loss is the mean of the last window, so the open window is part of the checkpoint
+    losses = torch.zeros(t.log_every, device=device)
+    n, final_loss, seconds = 0, float("nan"), 0.0
+    if start.state:
+        state = start.state
+        optimizer.load_state_dict(state["optimizer"])
+        set_rng_state(state["rng"], device)
+        n = len(state["window"])
+        losses[:n] = state["window"].to(device)
+        final_loss, seconds, progress.last_loss = (state["final_loss"], state["seconds"],
+                                                   state["last_loss"])
+    first = progress.first
     tokens_per_step = t.batch_size * t.seq_len
-    window = torch.zeros((), device=device)  # loss summed on device: no host sync per step
-    window_steps, final_loss = 0, float("nan")
+    session = time.perf_counter()
+
+    def elapsed() -> float:
+        return seconds + time.perf_counter() - session
+
     model.train()
-    start = time.perf_counter()
-    progress = tqdm(range(t.steps), desc=f"train {cfg.encoding.name}", unit="step")
-    for step in progress:
+    bar = tqdm(range(first, t.steps), initial=first, total=t.steps,
+               desc=f"train {cfg.encoding.name}", unit="step")
+    for step in bar:
         lr = lr_at(step, t)
-        for group_ in optimizer.param_groups:
-            group_["lr"] = lr
+        for group in optimizer.param_groups:
+            group["lr"] = lr
         x, y = (z.to(device, non_blocking=True) for z in
                 train_batch(data, t.seq_len, t.batch_size, cfg.seed, step))
         with autocast:
@@ -91,32 +262,81 @@ def train(cfg: DictConfig, run_dir: Path, group: str, name: str) -> dict:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
         optimizer.step()
-        window += loss.detach()
-        window_steps += 1
-        if window_steps == t.log_every or step == t.steps - 1:
-            final_loss = (window / window_steps).item()
-            if not math.isfinite(final_loss):
-                raise FloatingPointError(f"non-finite training loss at step {step}")
-            elapsed = time.perf_counter() - start
-            tps = tokens_per_step * (step + 1) / elapsed
-            progress.set_postfix(loss=f"{final_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:.0f}")
-            logger.log({"train/step": step + 1, "train/loss": final_loss, "train/lr": lr,
+        losses[n] = loss.detach()
+        n += 1
+        done = step + 1
+        log = n == t.log_every or done == t.steps
+        save = done == t.steps or (t.ckpt_every > 0 and done % t.ckpt_every == 0)
+        if device.type == "cpu" or log or save:
+            progress.last_loss = check_finite(losses[:n], done - n, progress.last_loss)
+        if log:
+            final_loss = losses[:n].mean().item()
+            n = 0
+            tps = tokens_per_step * (done - first) / (time.perf_counter() - session)
+            bar.set_postfix(loss=f"{final_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:.0f}")
+            logger.log({"train/step": done, "train/loss": final_loss, "train/lr": lr,
                         "train/tokens_per_second": tps})
-            window.zero_()
-            window_steps = 0
-    wall = time.perf_counter() - start
+        if save:
+            save_checkpoint(run_dir / CHECKPOINT, {
+                "posbench": posbench.__version__, "config": to_container(cfg),
+                "dataset": data.fingerprint, "step": done, "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(), "rng": rng_state(device),
+                "window": losses[:n].cpu(), "final_loss": final_loss,
+                "last_loss": progress.last_loss, "seconds": elapsed()})
+            progress.saved_step = done
+        progress.step = done
+    bar.close()
+    wall = elapsed()
+    return {"seq_len": t.seq_len, "steps": t.steps, "tokens": tokens_per_step * t.steps,
+            "final_loss": final_loss, "tokens_per_second": tokens_per_step * t.steps / wall,
+            "wall_seconds": wall, "resumed_from_step": first}
 
-    with atomic_path(run_dir / "checkpoint.pt") as tmp:
-        torch.save({"model": model.state_dict(), "config": to_container(cfg),
-                    "step": t.steps, "version": posbench.__version__}, tmp)
 
-    curve = evaluate(model, data, cfg.eval, device)
-    record = results_record(cfg, model, data, curve, train={
-        "seq_len": t.seq_len, "steps": t.steps, "tokens": tokens_per_step * t.steps,
-        "final_loss": final_loss, "tokens_per_second": tokens_per_step * t.steps / wall,
-        "wall_seconds": wall})
-    write_results(run_dir, record)
+def one_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: " + " ".join(str(err).split())
+
+
+def record_failure(cfg: DictConfig, start: Start, run_dir: Path, progress: Progress,
+                   err: Exception) -> RunFailed:
+    """Writes results.json with status failed and the reason; the failure in one line."""
+    t = cfg.train
+    reason = one_line(err)
+    where = (f"at step {progress.step + 1} of {t.steps}" if progress.step < t.steps
+             else "after training")
+    record = results_record(cfg, start.model, start.data, [], status="failed", error=reason,
+                            train={"seq_len": t.seq_len, "steps": t.steps,
+                                   "steps_done": progress.step, "last_loss": progress.last_loss,
+                                   "checkpoint_step": progress.saved_step,
+                                   "resumed_from_step": progress.first})
+    kept = (f"its checkpoint at step {progress.saved_step} is kept: starting the run again "
+            "resumes from it" if progress.saved_step is not None else "no checkpoint was saved")
+    try:
+        write_json(run_dir / RESULTS, record)
+    except OSError as write_err:
+        kept += f"; results.json could not be written either ({one_line(write_err)})"
+    return RunFailed(f"run {str(run_dir)!r} failed {where}: {reason}; {kept}")
+
+
+def train(cfg: DictConfig, run_dir: Path, group: str, name: str,
+          start: Optional[Start] = None) -> dict:
+    """Trains (or resumes) the run in `run_dir`, evaluates it and writes its results; raises
+    RunFailed after recording a failure in results.json."""
+    run_dir = Path(run_dir)
+    start = start or plan_run(cfg, run_dir)
+    for tmp in run_dir.glob(f".{CHECKPOINT}.*"):  # a checkpoint write cut short by a kill
+        tmp.unlink()
+    logger = make_logger(cfg, run_dir, name, group, to_container(cfg))
+    progress = Progress()
+    if start.state:
+        progress.first = progress.step = progress.saved_step = start.state["step"]
+    try:
+        summary = fit(cfg, start, run_dir, logger, progress)
+        curve = evaluate(start.model, start.data, cfg.eval, start.device)
+        record = results_record(cfg, start.model, start.data, curve, train=summary)
+        write_results(run_dir, record)
+    except Exception as err:  # noqa: BLE001 - any failure of a started run is recorded
+        raise record_failure(cfg, start, run_dir, progress, err) from err
     logger.log_curve(curve)
-    logger.finish({"final_loss": final_loss})
+    logger.finish({"final_loss": summary["final_loss"]})
     print_curve(record)
     return record

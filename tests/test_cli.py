@@ -5,6 +5,7 @@ import shutil
 import subprocess
 
 import pytest
+import torch
 
 from posbench.encodings import registry
 
@@ -84,6 +85,14 @@ BAD = [
     (["train", "eval.lengths=[128,-4]"], "eval.lengths"),
     (["train", "eval.lengths=[12.5]"], "12.5"),
     (["train", "train.seq_len=100000000"], "train.seq_len"),
+    (["train", "train.steps=abc"], "train.steps=abc"),
+    (["train", "model.n_layer=0"], "model.n_layer=0"),
+    (["train", "model.d_model=30", "model.n_head=4"], "model.d_model=30"),
+    (["train", "model.d_model=24", "model.n_head=8", "encoding=rope"], "even head dimension"),
+    (["train", "eval.lengths=[1000000]"], "eval.lengths entry 1000000"),
+    (["train", "train.ckpt_every=-1"], "train.ckpt_every=-1"),
+    (["train", "train.resume=maybe"], "train.resume=maybe"),
+    *([] if torch.cuda.is_available() else [(["train", "device=cuda"], "device='cuda'")]),
     (["report", "."], "no finished run"),
     (["frobnicate"], "frobnicate"),
 ]

@@ -1,0 +1,180 @@
+"""Crash safety through the installed `posbench` command: a run killed with SIGKILL resumes bit for
+bit, finished runs are skipped, failed ones resumed, a sweep goes on past a failing job, and a bad
+run dir or a full disk is refused in one line with nothing overwritten."""
+import json
+import os
+import random
+import resource
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+
+import posbench
+from posbench.checkpoint import load_checkpoint, save_checkpoint
+
+POSBENCH = shutil.which("posbench")
+# one thread: the same CPU kernels in every process, and no OpenMP spinning on shared cores
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+# randomized draws its positions from torch's RNG at every step, so a resume that lost the RNG
+# state would diverge; log_every=7 leaves a loss window open at most checkpoints
+RUN = ["encoding=randomized", "model.n_layer=1", "model.d_model=32", "model.n_head=2",
+       "train.batch_size=2", "train.seq_len=32", "train.warmup_steps=10", "train.steps=300",
+       "train.ckpt_every=5", "train.log_every=7", "eval.lengths=[32,64]", "eval.tokens=256"]
+
+
+def posbench_train(args, cwd, **kwargs):
+    return subprocess.run([POSBENCH, "train", *args], cwd=cwd, env=ENV, capture_output=True, text=True,
+                          timeout=300, **kwargs)
+
+
+def results(run_dir):
+    return json.loads((run_dir / "results.json").read_text())
+
+
+def files(run_dir):
+    return {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+
+
+def same_training(a, b):
+    assert a["eval"]["curve"] == b["eval"]["curve"]  # floats compared exactly
+    assert a["train"]["final_loss"] == b["train"]["final_loss"]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, stdlib_data):
+    """An uninterrupted run: the reference every resumed run must equal."""
+    cwd = tmp_path_factory.mktemp("finished")
+    proc = posbench_train([*RUN, "hydra.run.dir=run"], cwd)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return cwd / "run"
+
+
+def copy_of(run_dir, tmp_path):
+    shutil.copytree(run_dir, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def test_a_run_killed_at_a_random_step_resumes_bit_for_bit(finished, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([POSBENCH, "train", *RUN, f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (run_dir / "checkpoint.pt").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.005)
+    time.sleep(random.uniform(0, 0.3))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (run_dir / "results.json").exists(), "the run finished before it was killed"
+    killed_at = load_checkpoint(run_dir / "checkpoint.pt")["step"]
+
+    again = posbench_train([*RUN, f"hydra.run.dir={run_dir}"], tmp_path)
+    assert again.returncode == 0, again.stderr[-2000:]
+    record = results(run_dir)
+    assert record["status"] == "ok"
+    assert record["train"]["resumed_from_step"] == killed_at > 0
+    same_training(record, results(finished))
+    assert not list(run_dir.glob(".*.*")), "a temporary file was left behind"
+
+
+def test_a_finished_run_is_skipped_and_a_failed_one_resumed(finished, tmp_path):
+    run_dir = copy_of(finished, tmp_path)
+    before = files(run_dir)
+    proc = posbench_train([*RUN, "eval.tokens=512", "hydra.run.dir=run"], tmp_path)
+    assert proc.returncode == 0 and "skipped" in proc.stdout, proc.stderr[-2000:]
+    assert files(run_dir) == before
+
+    record = results(run_dir)
+    (run_dir / "results.json").write_text(json.dumps({**record, "status": "failed"}))
+    proc = posbench_train([*RUN, "hydra.run.dir=run"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    resumed = results(run_dir)
+    assert resumed["status"] == "ok" and resumed["train"]["resumed_from_step"] == 300
+    same_training(resumed, record)
+
+
+def corrupt(path):
+    blob = bytearray(path.read_bytes())
+    blob[-100] ^= 0xFF
+    path.write_bytes(bytes(blob))
+
+
+def truncate(path):
+    path.write_bytes(path.read_bytes()[:-1000])
+
+
+def other_version(path):
+    save_checkpoint(path, {**load_checkpoint(path), "posbench": "0.0.1"})
+
+
+REFUSED = [
+    ([], corrupt, "sha256 mismatch"),
+    ([], truncate, "truncated"),
+    ([], other_version, "posbench 0.0.1"),
+    (["train.lr=0.01"], None, "train.lr=0.01"),
+    (["train.resume=false"], None, "train.resume=false"),
+]
+
+
+@pytest.mark.parametrize("extra,damage,needle", REFUSED, ids=[n for _, _, n in REFUSED])
+def test_a_run_dir_that_cannot_be_resumed_is_refused_in_one_line(finished, tmp_path, extra,
+                                                                  damage, needle):
+    run_dir = copy_of(finished, tmp_path)
+    (run_dir / "results.json").unlink()  # a run killed after its last checkpoint
+    if damage:
+        damage(run_dir / "checkpoint.pt")
+    before = files(run_dir)
+    proc = posbench_train([*RUN, *extra, "hydra.run.dir=run"], tmp_path)
+    assert proc.returncode == 2
+    assert error_lines(proc) == proc.stderr.strip().splitlines(), proc.stderr
+    assert len(error_lines(proc)) == 1 and needle in proc.stderr
+    assert files(run_dir) == before
+
+
+def error_lines(proc):
+    assert "Traceback" not in proc.stdout + proc.stderr
+    return [line for line in proc.stderr.splitlines() if line.startswith("posbench: error:")]
+
+
+def test_a_sweep_goes_on_past_a_failed_job_and_resumes_it_when_started_again(tmp_path,
+                                                                             stdlib_data):
+    sweep = ["-m", *RUN, "train.steps=20", "train.ckpt_every=1", "eval.lengths=[32]",
+             "train.lr=1e-3,1e30", "hydra.sweep.dir=sweep"]
+    proc = posbench_train(sweep, tmp_path)
+    assert proc.returncode == 1 and len(error_lines(proc)) == 1
+    jobs = {results(p.parent)["config"]["train"]["lr"]: p.parent
+            for p in (tmp_path / "sweep").rglob("results.json")}
+    assert results(jobs[1e-3])["status"] == "ok"
+    failed = results(jobs[1e30])
+    assert failed["status"] == "failed" and "non-finite training loss" in failed["error"]
+    saved = load_checkpoint(jobs[1e30] / "checkpoint.pt")  # the last good one, kept
+    assert 0 < saved["step"] == failed["train"]["checkpoint_step"] == failed["train"]["steps_done"]
+    assert all(torch.isfinite(p).all() for p in saved["model"].values())
+    assert "Failed runs" in (tmp_path / "sweep" / "summary.md").read_text()
+
+    ok_before = files(jobs[1e-3])
+    proc = posbench_train(sweep, tmp_path)
+    assert proc.returncode == 1 and len(error_lines(proc)) == 1
+    assert "skipped" in proc.stdout and files(jobs[1e-3]) == ok_before
+    again = results(jobs[1e30])
+    assert again["status"] == "failed" and again["train"]["resumed_from_step"] == saved["step"]
+
+
+def limit_file_size():
+    limit = 64 * 1024  # room for .hydra/ and results.json, not for a checkpoint
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+def test_a_full_disk_fails_in_one_line_and_leaves_no_partial_file(tmp_path, stdlib_data):
+    proc = posbench_train([*RUN, "hydra.run.dir=run"], tmp_path, preexec_fn=limit_file_size)
+    assert proc.returncode == 1
+    [line] = error_lines(proc)
+    assert "File too large" in line and "at step 5 of 300" in line
+    run_dir = tmp_path / "run"
+    assert sorted(p.name for p in run_dir.iterdir()) == [".hydra", "results.json"]
+    record = results(run_dir)
+    assert record["status"] == "failed" and "File too large" in record["error"]
