@@ -1,0 +1,103 @@
+"""Reports over many runs, from results.json files written here (no training): seed averages with
+a 95% t-interval, accuracy for tasks, per-group training lengths, and runs that failed."""
+import csv
+import json
+import math
+
+import pytest
+
+from posbench.report import t95, write_report
+
+
+def run_record(name, seed, ppls, status="ok", seq_len=32, accuracy=None, **config):
+    curve = [{"length": n, "loss": math.log(p), "ppl": p} for n, p in ppls.items()]
+    for point, acc in zip(curve, accuracy or []):
+        point["accuracy"] = acc
+    return {"encoding": name, "seed": seed, "status": status,
+            "train": {"seq_len": seq_len}, "eval": {"protocol": "nonoverlapping", "curve": curve},
+            "config": {"encoding": {"name": name}, "seed": seed,
+                       "train": {"seq_len": seq_len}, **config}}
+
+
+def write(root, name, record):
+    (root / name).mkdir(parents=True)
+    (root / name / "results.json").write_text(json.dumps(record))
+
+
+def summary_rows(root):
+    return {(r["label"], int(r["length"])): r for r in csv.DictReader(open(root / "summary.csv"))}
+
+
+def test_t95_is_students_t():
+    stats = pytest.importorskip("scipy.stats")
+    for df in range(1, 200):
+        assert abs(t95(df) - stats.t.ppf(0.975, df)) < 0.003
+
+
+def test_seeds_are_averaged_with_a_t_interval_and_the_ratio_is_reported(tmp_path):
+    ppls = {"alibi": [(10.0, 11.0), (10.5, 11.5), (11.0, 13.0)], "nope": [(9.0, 50.0)] * 3}
+    for encoding, by_seed in ppls.items():
+        for seed, (short, long) in enumerate(by_seed):
+            write(tmp_path, f"{encoding}-{seed}", run_record(encoding, seed, {32: short, 128: long}))
+    write_report(tmp_path)
+    rows = summary_rows(tmp_path)
+    alibi = rows[("alibi", 128)]
+    sd = math.sqrt(((11 - 11.833) ** 2 + (11.5 - 11.833) ** 2 + (13 - 11.833) ** 2) / 2)
+    assert float(alibi["ppl_mean"]) == pytest.approx(11.8333, rel=1e-4)
+    assert float(alibi["ppl_ci95"]) == pytest.approx(4.303 * sd / math.sqrt(3), rel=1e-3)
+    assert alibi["seeds"] == "3" and float(rows[("nope", 128)]["ppl_ci95"]) == 0
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| alibi | 10.500 ± 1.242 | 11.833 ± 2.586 | 1.13 |" in summary
+    assert "| nope | 9.000 ± 0.000 | 50.000 ± 0.000 | 5.56 |" in summary
+    assert "Student t" in summary and "Failed" not in summary
+    assert (tmp_path / "ppl_vs_length.png").stat().st_size > 0
+
+
+def test_failed_partial_unreadable_and_missing_results_do_not_stop_the_report(tmp_path):
+    write(tmp_path, "0_ok", run_record("rope", 0, {32: 8.0, 64: 9.0}))
+    write(tmp_path, "1_failed", {"encoding": "t5", "status": "failed",
+                                 "error": "FloatingPointError: non-finite loss at step 7"})
+    write(tmp_path, "2_failed_full", {**run_record("alibi", 0, {}), "status": "failed",
+                                      "error": "RuntimeError: boom"})
+    (tmp_path / "3_bad").mkdir()
+    (tmp_path / "3_bad" / "results.json").write_text("{not json")
+    (tmp_path / "4_killed" / ".hydra").mkdir(parents=True)
+    (tmp_path / "4_killed" / ".hydra" / "config.yaml").write_text("seed: 0\n")
+    write_report(tmp_path)
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| rope | 8.000 | 9.000 | 1.12 |" in summary
+    failed = summary.split("Failed runs:")[1]
+    for needle in ("1_failed: FloatingPointError", "2_failed_full: RuntimeError: boom",
+                   "3_bad: results.json unreadable", "4_killed: no results.json"):
+        assert needle in failed
+    assert {label for label, _ in summary_rows(tmp_path)} == {"rope"}
+
+
+def test_tasks_get_an_accuracy_table_and_plot(tmp_path):
+    for seed in (0, 1):
+        write(tmp_path, f"copy-{seed}", run_record("rope", seed, {32: 1.5, 64: 3.0},
+                                                   accuracy=[0.9 + 0.1 * seed, 0.0]))
+    write_report(tmp_path)
+    summary = (tmp_path / "summary.md").read_text()
+    assert "Exact-match accuracy" in summary and "| rope | 0.950 ± 0.635 | 0.000 ± 0.000 |" in summary
+    assert summary_rows(tmp_path)[("rope", 32)]["accuracy_mean"] == "0.95"
+    assert (tmp_path / "accuracy_vs_length.png").stat().st_size > 0
+
+
+def test_a_swept_training_length_is_its_own_group_with_its_own_ratio(tmp_path):
+    write(tmp_path, "a", run_record("alibi", 0, {32: 10.0, 64: 9.0, 128: 12.0}, seq_len=32))
+    write(tmp_path, "b", run_record("alibi", 0, {32: 10.0, 64: 8.0, 128: 12.0}, seq_len=64))
+    write_report(tmp_path)
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| alibi [train.seq_len=32] | 10.000 | 9.000 | 12.000 | 1.20 |" in summary
+    assert "| alibi [train.seq_len=64] | 10.000 | 8.000 | 12.000 | 1.50 |" in summary
+
+
+def test_an_encodings_own_keys_label_only_runs_of_that_encoding(tmp_path):
+    t5 = lambda buckets: {"encoding": {"name": "t5", "num_buckets": buckets}}
+    write(tmp_path, "a", run_record("rope", 0, {32: 9.0}, encoding={"name": "rope", "base": 1e4}))
+    write(tmp_path, "b", run_record("t5", 0, {32: 8.0}, **t5(32)))
+    write(tmp_path, "c", run_record("t5", 0, {32: 7.0}, **t5(16)))
+    write_report(tmp_path)
+    labels = {label for label, _ in summary_rows(tmp_path)}
+    assert labels == {"rope", "t5 [encoding.num_buckets=32]", "t5 [encoding.num_buckets=16]"}
