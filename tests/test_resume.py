@@ -13,8 +13,8 @@ import time
 import pytest
 import torch
 
-import posbench
 from posbench.checkpoint import load_checkpoint, save_checkpoint
+from posbench.train import check_finite
 
 POSBENCH = shutil.which("posbench")
 # one thread: the same CPU kernels in every process, and no OpenMP spinning on shared cores
@@ -135,6 +135,15 @@ def test_a_run_dir_that_cannot_be_resumed_is_refused_in_one_line(finished, tmp_p
     assert files(run_dir) == before
 
 
+def test_a_non_finite_loss_names_its_step_and_the_last_good_loss():
+    losses = torch.tensor([2.0, 1.5, float("inf"), float("nan")])
+    with pytest.raises(FloatingPointError, match=r"inf at step 13; last good loss 1.5000$"):
+        check_finite(losses, 10, None)
+    with pytest.raises(FloatingPointError, match=r"nan at step 11; last good loss 3.0000$"):
+        check_finite(losses[3:], 10, 3.0)
+    assert check_finite(losses[:2], 10, None) == 1.5
+
+
 def error_lines(proc):
     assert "Traceback" not in proc.stdout + proc.stderr
     return [line for line in proc.stderr.splitlines() if line.startswith("posbench: error:")]
@@ -157,7 +166,7 @@ def test_a_sweep_goes_on_past_a_failed_job_and_resumes_it_when_started_again(tmp
     assert "Failed runs" in (tmp_path / "sweep" / "summary.md").read_text()
 
     ok_before = files(jobs[1e-3])
-    proc = posbench_train(sweep, tmp_path)
+    proc = posbench_train([*sweep, "train.resume=true"], tmp_path)  # same job dirs
     assert proc.returncode == 1 and len(error_lines(proc)) == 1
     assert "skipped" in proc.stdout and files(jobs[1e-3]) == ok_before
     again = results(jobs[1e30])
