@@ -29,10 +29,19 @@ class ModelConfig:
 @dataclass
 class DatasetConfig:
     name: str = "pystdlib"
-    # byte-level datasets need no tokenizer files; see posbench/data
+    # byte (no files needed) or gpt2 (BPE from local files; see posbench/data/tokenize.py)
     tokenizer: str = "byte"
+    # folder with the GPT-2 vocab.json + merges.txt; unset: the Hugging Face or tiktoken cache
+    tokenizer_path: Optional[str] = None
     val_fraction: float = 0.05
+    # local files instead of the built-in or hub source (file, folder or glob)
     path: Optional[str] = None
+    # a Hugging Face hub dataset and its config name (wikitext103, pg19, openwebtext)
+    hub: Optional[str] = None
+    hub_config: Optional[str] = None
+    # score the validation documents as one stream, back to back, as WikiText papers do;
+    # evaluation windows then cross document boundaries
+    val_stream: bool = False
     cache_dir: str = "${oc.env:POSBENCH_CACHE,${oc.env:HOME}/.cache/posbench}"
 
 
@@ -59,6 +68,9 @@ class EvalConfig:
     lengths: List[int] = field(default_factory=lambda: [128, 256, 512, 1024, 2048])
     tokens: int = 32768
     protocol: str = "nonoverlapping"
+    # tokens scored at the end of each window: sliding needs it; growing_context scores the
+    # last `stride` tokens (default min(lengths)) with every context length; nonoverlapping
+    # scores every token and ignores it
     stride: Optional[int] = None
     batch_tokens: int = 16384
     rope_scaling: str = "none"
@@ -85,7 +97,7 @@ class Config:
     device: str = "auto"
 
 
-PROTOCOLS = ("nonoverlapping",)
+PROTOCOLS = ("nonoverlapping", "sliding", "growing_context")
 ROPE_SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn")
 DEVICES = ("auto", "cpu", "cuda")
 LOGGERS = ("none", "wandb")
@@ -121,6 +133,17 @@ def _no_extra_keys(node: DictConfig, schema: type, prefix: str = "") -> None:
             _no_extra_keys(node[key], sub, f"{prefix}{key}.")
 
 
+def _check_stride(eval_cfg, lengths: List[int]) -> None:
+    stride = eval_cfg.stride
+    if stride is None:
+        _require(eval_cfg.protocol != "sliding", "eval.stride", stride,
+                 "a positive integer with eval.protocol=sliding (tokens scored per window)")
+        return
+    _positive("eval.stride", stride)
+    _require(stride <= min(lengths), "eval.stride", stride,
+             f"at most the shortest eval length {min(lengths)}")
+
+
 def check(cfg: DictConfig) -> None:
     """Checks types (also of configs that did not come through the schema, such as a saved run's),
     ranges, choices, and the encoding's own values."""
@@ -151,6 +174,12 @@ def check(cfg: DictConfig) -> None:
     _positive("eval.tokens", cfg.eval.tokens)
     _positive("eval.batch_tokens", cfg.eval.batch_tokens)
     _require(cfg.eval.protocol in PROTOCOLS, "eval.protocol", cfg.eval.protocol, f"one of {PROTOCOLS}")
+    _check_stride(cfg.eval, lengths)
+    _require(cfg.eval.protocol == "nonoverlapping" or not cfg.dataset.name.startswith("task_"),
+             "eval.protocol", cfg.eval.protocol,
+             f"nonoverlapping for dataset={cfg.dataset.name} (each window is one task instance)")
+    _require(cfg.dataset.name != "text" or cfg.dataset.path, "dataset.path", cfg.dataset.path,
+             "a file, folder or glob of text files for dataset=text")
     _require(cfg.eval.rope_scaling in ROPE_SCALINGS, "eval.rope_scaling", cfg.eval.rope_scaling,
              f"one of {ROPE_SCALINGS}")
     _require(cfg.eval.rope_scaling == "none" or encoding_class(cfg.encoding).rotary,

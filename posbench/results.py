@@ -10,6 +10,7 @@ from typing import List, Optional
 
 import posbench
 from posbench.config import to_container
+from posbench.data.windows import scored_block
 from posbench.io import write_json, write_text
 
 RESULTS = "results.json"
@@ -25,6 +26,7 @@ def results_record(cfg, model, data, curve: List[dict], train: dict,
         "dataset": {"name": data.name, "fingerprint": data.fingerprint},
         "train": train,
         "eval": {"protocol": cfg.eval.protocol, "tokens_per_length": cfg.eval.tokens,
+                 "stride": scored_block(cfg.eval),
                  "rope_scaling": cfg.eval.rope_scaling, "logn_scaling": cfg.eval.logn_scaling,
                  "curve": curve},
         "notes": model.encoding.notes(),
@@ -38,25 +40,49 @@ def results_record(cfg, model, data, curve: List[dict], train: dict,
 
 
 def curve_csv(curve: List[dict]) -> str:
+    accuracy = ["accuracy", "token_accuracy"] if any("accuracy" in p for p in curve) else []
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=["length", "loss", "ppl", "tokens", "status"],
-                            extrasaction="ignore")
+    writer = csv.DictWriter(out, fieldnames=["length", "loss", "ppl", "tokens", *accuracy,
+                                             "status"], extrasaction="ignore")
     writer.writeheader()
     for point in curve:
         writer.writerow({"status": "ok", **point})
     return out.getvalue()
 
 
+def per_position_csv(curve: List[dict]) -> str:
+    """Mean loss by position in the window, one row per bin: [start, end) positions."""
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(["length", "start", "end", "loss", "tokens"])
+    for point in curve:
+        bins = point.get("per_position")
+        if bins:
+            for row in zip(bins["start"], bins["end"], bins["loss"], bins["tokens"]):
+                writer.writerow([point["length"], row[0], row[1], f"{row[2]:.6g}", row[3]])
+    return out.getvalue()
+
+
 def write_results(run_dir: Path, record: dict, name: str = RESULTS) -> None:
-    """results.json, curve.csv and ppl_vs_length.png; `name` lets re-evaluations sit beside."""
-    from posbench.report import plot_curves
+    """results.json, curve.csv, ppl_vs_length.png, per_position.csv and .png, and for a task
+    accuracy_vs_length.png; `name` lets re-evaluations sit beside."""
+    from posbench.report import plot_curves, plot_per_position
 
     stem = Path(name).stem.replace("results", "", 1)
     curve = record["eval"]["curve"]
+    train_len = record["train"]["seq_len"]
+    title = f"{record['encoding']} (seed {record['seed']}, {record['eval']['protocol']})"
     write_text(run_dir / f"curve{stem}.csv", curve_csv(curve))
     plot_curves({record["encoding"]: [(p["length"], p["ppl"], None) for p in curve if "ppl" in p]},
-                record["train"]["seq_len"], run_dir / f"ppl_vs_length{stem}.png",
-                title=f"{record['encoding']} (seed {record['seed']})")
+                train_len, run_dir / f"ppl_vs_length{stem}.png", title=title)
+    if any("accuracy" in p for p in curve):
+        plot_curves({record["encoding"]: [(p["length"], p["accuracy"], None) for p in curve
+                                          if "accuracy" in p]},
+                    train_len, run_dir / f"accuracy_vs_length{stem}.png", title=title,
+                    metric="accuracy")
+    if any("per_position" in p for p in curve):
+        write_text(run_dir / f"per_position{stem}.csv", per_position_csv(curve))
+        plot_per_position(curve, train_len, run_dir / f"per_position{stem}.png", title=title)
     write_json(run_dir / name, record)  # last: its presence means the run is complete
 
 
@@ -68,10 +94,13 @@ def print_curve(record: dict) -> None:
     train_len = record["train"]["seq_len"]
     print(f"\n{record['encoding']}: trained at {train_len}, final train loss "
           f"{record['train']['final_loss']:.4f}")
-    print(f"{'length':>8} {'loss':>8} {'ppl':>9}")
-    for p in record["eval"]["curve"]:
+    curve = record["eval"]["curve"]
+    accuracy = any("accuracy" in p for p in curve)
+    print(f"{'length':>8} {'loss':>8} {'ppl':>9}" + (f" {'exact':>7}" if accuracy else ""))
+    for p in curve:
         if "loss" in p:
             mark = "  <- train length" if p["length"] == train_len else ""
-            print(f"{p['length']:>8} {p['loss']:>8.4f} {p['ppl']:>9.3f}{mark}")
+            exact = f" {p['accuracy']:>7.3f}" if "accuracy" in p else ""
+            print(f"{p['length']:>8} {p['loss']:>8.4f} {p['ppl']:>9.3f}{exact}{mark}")
         else:
             print(f"{p['length']:>8} {p['status']:>8}")

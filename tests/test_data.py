@@ -13,7 +13,7 @@ from posbench.data.windows import check_train_len, eval_windows, train_batch
 
 def test_stdlib_corpus_is_split_by_file_and_fingerprinted(stdlib_data):
     cfg = posbench.compose([]).dataset
-    docs = pystdlib(cfg)
+    docs = [(key, doc) for key, _, doc in pystdlib(cfg).documents()]
     val = [d for k, d in docs if is_validation(k, cfg.val_fraction)]
     train = [d for k, d in docs if not is_validation(k, cfg.val_fraction)]
     assert len(stdlib_data.train_docs) - 1 == len(train) and len(stdlib_data.val_docs) - 1 == len(val)

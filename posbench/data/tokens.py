@@ -18,6 +18,10 @@ from posbench.config import ConfigError
 FORMAT = 1
 
 
+class EmptySplitError(ValueError):
+    """No document landed on one side of the train/validation split."""
+
+
 @dataclass
 class TokenData:
     tokens: np.ndarray  # memory-mapped, all documents back to back: train first, then val
@@ -58,6 +62,9 @@ def write_token_dir(target: Path, train: Iterable[np.ndarray], val: Iterable[np.
                     offsets[split].append(offsets[split][-1] + len(doc))
             f.flush()
             os.fsync(f.fileno())
+        for split, docs in offsets.items():
+            if len(docs) < 2:
+                raise EmptySplitError(f"no {split} documents")
         meta = {"format": FORMAT, "name": name, "fingerprint": fingerprint, "vocab_size": vocab_size,
                 "dtype": np.dtype(dtype).name, "train_docs": offsets["train"],
                 "val_docs": offsets["val"], "sha256": _sha256_file(tmp / "tokens.bin")}
@@ -88,9 +95,10 @@ def read_token_dir(path: Path) -> TokenData:
 
 
 def fingerprint(items: Iterable[Tuple[str, bytes]]) -> str:
+    """Of (name, sha256 digest) pairs: a corpus's identity (posbench/data/documents.py)."""
     h = hashlib.sha256()
-    for key, content in items:
-        h.update(key.encode() + b"\0" + hashlib.sha256(content).digest())
+    for key, digest in items:
+        h.update(key.encode() + b"\0" + digest)
     return "sha256:" + h.hexdigest()
 
 

@@ -1,14 +1,18 @@
 """Which tokens a step trains on and which windows evaluation scores. Windows never cross a
-document boundary, so a long window is really one long context."""
+document boundary, so a long window is really one long context (dataset.val_stream joins the
+validation documents into one). A task dataset generates its instances instead
+(posbench/data/tasks.py): one window, one instance."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Callable, Optional, Tuple
 
 import numpy as np
 import torch
 
 from posbench.config import ConfigError
-from posbench.data.tokens import TokenData
+from posbench.data.tasks import TaskData
 
 
 def _starts_within(docs: np.ndarray, span: int) -> tuple:
@@ -17,16 +21,21 @@ def _starts_within(docs: np.ndarray, span: int) -> tuple:
     return docs[:-1], np.maximum(lengths - span + 1, 0)
 
 
-def check_train_len(data: TokenData, seq_len: int) -> None:
+def check_train_len(data, seq_len: int) -> None:
+    if isinstance(data, TaskData):
+        return data.check(seq_len + 1, f"train.seq_len={seq_len}")
     if data.longest("train") < seq_len + 1:
         raise ConfigError(f"train.seq_len={seq_len} is not accepted; the longest training "
                           f"document of {data.name} has {data.longest('train')} tokens, expected "
                           f"<= {data.longest('train') - 1}")
 
 
-def train_batch(data: TokenData, seq_len: int, batch_size: int, seed: int, step: int):
+def train_batch(data, seq_len: int, batch_size: int, seed: int, step: int):
     """Batch `step` of a seeded run: uniform over all windows inside training documents. It depends
     on (seed, step) alone, so a resumed run sees exactly the batches it would have seen."""
+    if isinstance(data, TaskData):
+        x, y = data.train_batch(seq_len, batch_size, seed, step)
+        return torch.from_numpy(x), torch.from_numpy(y)
     rng = np.random.default_rng([seed, step])
     first, counts = _starts_within(data.train_docs, seq_len + 1)
     cum = np.cumsum(counts)
@@ -38,17 +47,78 @@ def train_batch(data: TokenData, seq_len: int, batch_size: int, seed: int, step:
     return rows[:, :-1], rows[:, 1:]
 
 
-def eval_windows(data: TokenData, length: int, tokens: int) -> np.ndarray:
-    """Start offsets of ceil(tokens/length) nonoverlapping validation windows of length+1 tokens,
-    spread evenly over all that fit. Deterministic, so every encoding scores the same windows."""
-    need = math.ceil(tokens / length)
-    span = length + 1
-    candidates = [start + span * np.arange(n // span)
-                  for start, n in zip(data.val_docs[:-1], np.diff(data.val_docs))]
+def _spread(candidates: list, need: int, what: str, data, length: int, tokens: int) -> np.ndarray:
+    """`need` of the candidate start offsets, spread evenly over all of them. Deterministic, so
+    every encoding scores the same windows."""
     candidates = np.concatenate(candidates) if candidates else np.zeros(0, dtype=np.int64)
     if len(candidates) < need:
         raise ConfigError(
             f"eval.lengths entry {length} is not accepted with eval.tokens={tokens}: the "
-            f"validation documents of {data.name} hold {len(candidates)} windows of {span} tokens, "
-            f"{need} are needed; lower the length or eval.tokens")
+            f"validation documents of {data.name} hold {len(candidates)} {what}, {need} are "
+            "needed; lower the length or eval.tokens")
     return candidates[np.linspace(0, len(candidates) - 1, need).round().astype(np.int64)]
+
+
+def eval_windows(data, length: int, tokens: int) -> np.ndarray:
+    """Start offsets of ceil(tokens/length) nonoverlapping validation windows of length+1 tokens,
+    spread evenly over all that fit."""
+    if isinstance(data, TaskData):
+        data.check(length + 1, f"eval.lengths entry {length}")
+        return np.arange(math.ceil(tokens / length))
+    span = length + 1
+    candidates = [start + span * np.arange(n // span)
+                  for start, n in zip(data.val_docs[:-1], np.diff(data.val_docs))]
+    return _spread(candidates, math.ceil(tokens / length), f"windows of {span} tokens", data,
+                   length, tokens)
+
+
+def scored_block(eval_cfg) -> Optional[int]:
+    """Tokens scored at the end of each window, None for all of them."""
+    if eval_cfg.protocol == "nonoverlapping":
+        return None
+    return eval_cfg.stride or min(eval_cfg.lengths)
+
+
+@dataclass
+class EvalPlan:
+    """What evaluation scores at one length: `count` windows of length+1 tokens (inputs, then
+    targets shifted by one); in each, the targets from position `first` on are scored, and of a
+    task's windows only the answers."""
+    length: int
+    count: int
+    first: int
+    rows: Callable[[int, int], Tuple[np.ndarray, Optional[np.ndarray]]]  # windows i..j
+    starts: Optional[np.ndarray] = None  # where each window starts in data.tokens (not tasks)
+
+
+def eval_plan(data, length: int, eval_cfg) -> EvalPlan:
+    """Per protocol (the same windows for every encoding):
+    nonoverlapping: ceil(tokens/length) disjoint windows, every target scored;
+    sliding: windows every `stride` tokens, each scoring its last `stride` targets, which so get
+      at least length-stride tokens of context; ceil(tokens/stride) windows;
+    growing_context: the same final blocks of `stride` (default min(lengths)) targets at every
+      length, with `length` tokens of context: only the context grows."""
+    protocol, tokens = eval_cfg.protocol, eval_cfg.tokens
+    if isinstance(data, TaskData):
+        data.check(length + 1, f"eval.lengths entry {length}")
+        instances, answers = data.eval_instances(length, tokens)
+        return EvalPlan(length, len(instances), 0,
+                        lambda i, j: (instances[i:j], answers[i:j, 1:]))
+    block = scored_block(eval_cfg)
+    docs = zip(data.val_docs[:-1], np.diff(data.val_docs))
+    if protocol == "nonoverlapping":
+        starts = eval_windows(data, length, tokens)
+    elif protocol == "sliding":
+        starts = _spread([s + block * np.arange((n - length - 1) // block + 1)
+                          for s, n in docs if n > length], math.ceil(tokens / block),
+                         f"windows of {length + 1} tokens every {block}", data, length, tokens)
+    else:  # growing_context: block ends placed where the longest context fits
+        longest = max(eval_cfg.lengths)
+        ends = _spread([s + longest + 1 + block * np.arange((n - longest - 1) // block + 1)
+                        for s, n in docs if n > longest], math.ceil(tokens / block),
+                       f"blocks of {block} tokens after {longest} of context", data, length,
+                       tokens)
+        starts = ends - length - 1
+    first = 0 if block is None else length - block
+    return EvalPlan(length, len(starts), first, lambda i, j: (
+        np.stack([data.tokens[s:s + length + 1] for s in starts[i:j]]), None), starts)

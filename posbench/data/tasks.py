@@ -1,0 +1,190 @@
+"""Synthetic length-generalization tasks, generated and seeded: copy, reverse, associative recall,
+induction (look back N tokens) and multi-digit addition.
+
+An instance is a row of tokens and an answer mask: the tokens to predict from what came before.
+Training draws fresh instances of every size up to the training length (seeded by run seed and
+step; left-padded to the window); evaluation scores instances that fill each eval length, the same
+ones for every encoding and seed, on their answer tokens only: loss, and exact-match accuracy.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Dict, Tuple
+
+import numpy as np
+
+from posbench.config import ConfigError
+
+PAD, BOS, SEP, PLUS = 0, 1, 2, 3
+FIRST = 4  # a task's symbols come after these
+EVAL_SEED = 1729  # evaluation instances never depend on the run's seed
+VERSION = 1  # bump when a generator changes: it names the data in results.json
+
+
+@dataclass(frozen=True)
+class Task:
+    symbols: int = 16
+    min_size = 1  # a class constant, not a field
+
+    @property
+    def vocab_size(self) -> int:
+        return FIRST + self.symbols
+
+    def size(self, total: int) -> int:
+        """The largest size of an instance that fits `total` tokens."""
+        raise NotImplementedError
+
+    def make(self, rng: np.random.Generator, size: int) -> Tuple[np.ndarray, np.ndarray]:
+        """One instance: its tokens and which of them are answers."""
+        raise NotImplementedError
+
+    def fits(self, total: int) -> str:
+        """Why `total` tokens cannot hold an instance; empty when they can."""
+        return "" if self.size(total) >= self.min_size else "too short for one instance"
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.integers(FIRST, FIRST + self.symbols, size=n)
+
+    def batch(self, rng: np.random.Generator, count: int, total: int, fill: bool):
+        """`count` rows of `total` tokens, left-padded: instances of the largest size that fits
+        (fill) or of sizes drawn uniformly up to it."""
+        top = self.size(total)
+        tokens = np.full((count, total), PAD, dtype=np.int64)
+        answers = np.zeros((count, total), dtype=bool)
+        for row in range(count):
+            seq, answer = self.make(rng, top if fill else int(rng.integers(self.min_size, top + 1)))
+            tokens[row, total - len(seq):] = seq
+            answers[row, total - len(seq):] = answer
+        return tokens, answers
+
+
+def _marked(parts, answer_from: int) -> Tuple[np.ndarray, np.ndarray]:
+    seq = np.concatenate([np.atleast_1d(p) for p in parts]).astype(np.int64)
+    answer = np.zeros(len(seq), dtype=bool)
+    answer[answer_from:] = True
+    return seq, answer
+
+
+@dataclass(frozen=True)
+class Copy(Task):
+    """BOS x1..xk SEP x1..xk: the second copy is the answer."""
+
+    def size(self, total):
+        return (total - 2) // 2
+
+    def make(self, rng, size):
+        x = self.draw(rng, size)
+        return _marked([BOS, x, SEP, x], size + 2)
+
+
+@dataclass(frozen=True)
+class Reverse(Task):
+    """BOS x1..xk SEP xk..x1."""
+
+    def size(self, total):
+        return (total - 2) // 2
+
+    def make(self, rng, size):
+        x = self.draw(rng, size)
+        return _marked([BOS, x, SEP, x[::-1]], size + 2)
+
+
+@dataclass(frozen=True)
+class Recall(Task):
+    """Associative recall: BOS k1 v1 .. kp vp SEP then every key again, in a new order, each
+    followed by its value (the answers). Values are the symbols; keys, distinct within an
+    instance, have tokens of their own, and their number bounds the length."""
+    keys: int = 1024
+
+    @property
+    def vocab_size(self) -> int:
+        return FIRST + self.symbols + self.keys
+
+    def size(self, total):
+        return (total - 2) // 4
+
+    def fits(self, total):
+        if self.size(total) > self.keys:
+            return f"more than the {4 * self.keys + 5} that {self.keys} distinct keys fill"
+        return super().fits(total)
+
+    def make(self, rng, size):
+        keys = rng.choice(self.keys, size, replace=False) + FIRST + self.symbols
+        values = self.draw(rng, size)
+        order = rng.permutation(size)
+        seq = np.concatenate([[BOS], np.stack([keys, values], 1).ravel(), [SEP],
+                              np.stack([keys[order], values[order]], 1).ravel()])
+        answer = np.zeros(len(seq), dtype=bool)
+        answer[2 * size + 3::2] = True  # the values after the separator
+        return seq.astype(np.int64), answer
+
+
+@dataclass(frozen=True)
+class Induction(Task):
+    """Look back N: BOS then a random block of N tokens repeated; every token after the first
+    block is an answer, equal to the token N back. N is drawn per instance, up to half of it."""
+    min_size = 2
+
+    def size(self, total):
+        return total - 1
+
+    def make(self, rng, size):
+        lag = int(rng.integers(1, size // 2 + 1))
+        return _marked([BOS, np.resize(self.draw(rng, lag), size)], 1 + lag)
+
+
+@dataclass(frozen=True)
+class Addition(Task):
+    """BOS a PLUS b SEP c with c = a + b, all d-digit numbers written least significant digit
+    first (so a carry flows left to right, the order the model writes in); c has d+1 digits."""
+    symbols: int = 10
+
+    def size(self, total):
+        return (total - 4) // 3
+
+    def make(self, rng, size):
+        a, b = rng.integers(0, 10, size), rng.integers(0, 10, size)
+        digits, carry = [], 0
+        for x, y in zip(a.tolist(), b.tolist()):
+            carry, digit = divmod(x + y + carry, 10)
+            digits.append(digit)
+        digits.append(carry)
+        return _marked([BOS, a + FIRST, PLUS, b + FIRST, SEP, np.array(digits) + FIRST],
+                       2 * size + 3)
+
+
+TASKS: Dict[str, Task] = {"task_copy": Copy(), "task_reverse": Reverse(), "task_recall": Recall(),
+                          "task_induction": Induction(), "task_addition": Addition()}
+
+
+@dataclass
+class TaskData:
+    """A task dataset: no token file, instances are generated when asked for."""
+    task: Task
+    name: str
+    fingerprint: str
+    vocab_size: int
+
+    def check(self, total: int, key: str) -> None:
+        why = self.task.fits(total)
+        if why:
+            raise ConfigError(f"{key} is not accepted for dataset={self.name}: a window of {total} "
+                              f"tokens is {why}; expected another length")
+
+    def train_batch(self, seq_len: int, batch_size: int, seed: int, step: int):
+        rng = np.random.default_rng([seed, step])
+        tokens, _ = self.task.batch(rng, batch_size, seq_len + 1, fill=False)
+        return tokens[:, :-1], tokens[:, 1:]
+
+    def eval_instances(self, length: int, tokens: int):
+        """ceil(tokens / length) instances filling length + 1 tokens (inputs and targets)."""
+        rng = np.random.default_rng([EVAL_SEED, length])
+        return self.task.batch(rng, math.ceil(tokens / length), length + 1, fill=True)
+
+
+def task_data(name: str) -> TaskData:
+    task = TASKS[name]
+    digest = hashlib.sha256(f"{name},{task!r},version={VERSION}".encode()).hexdigest()
+    return TaskData(task, name, f"sha256:{digest}", task.vocab_size)

@@ -1,0 +1,134 @@
+"""Synthetic tasks: what each instance means, seeding, and exact-match accuracy in evaluate()."""
+import json
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+import posbench
+from posbench.config import ConfigError
+from posbench.data import prepare, vocab_size
+from posbench.data.tasks import BOS, FIRST, PAD, PLUS, SEP, TASKS, task_data
+from posbench.data.windows import check_train_len, eval_windows, train_batch
+from posbench.evaluate import evaluate
+
+
+def instance(tokens, answers):
+    """The instance in a left-padded row, and the positions of its answers in it."""
+    start = int(np.flatnonzero(tokens != PAD)[0])
+    return tokens[start:], np.flatnonzero(answers[start:])
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_eval_instances_fill_the_length_and_are_the_same_for_every_run(name):
+    data = task_data(name)
+    tokens, answers = data.eval_instances(64, 640)
+    assert tokens.shape == answers.shape == (10, 65)
+    assert np.array_equal(tokens, data.eval_instances(64, 640)[0])
+    assert tokens.max() < data.vocab_size == vocab_size(posbench.compose([f"dataset={name}"]).dataset)
+    for row, answer in zip(tokens, answers):
+        seq, _ = instance(row, answer)
+        assert len(seq) >= 65 - 3 and seq[0] == BOS and answer.any()
+
+
+def test_each_task_answers_what_it_says():
+    rows = lambda name: zip(*task_data(name).eval_instances(96, 960))
+    for tokens, answers in rows("task_copy"):
+        seq, ans = instance(tokens, answers)
+        k = len(ans)
+        assert np.array_equal(seq[1:1 + k], seq[ans]) and seq[k + 1] == SEP
+    for tokens, answers in rows("task_reverse"):
+        seq, ans = instance(tokens, answers)
+        assert np.array_equal(seq[1:1 + len(ans)][::-1], seq[ans])
+    for tokens, answers in rows("task_recall"):
+        seq, ans = instance(tokens, answers)
+        sep = int(np.flatnonzero(seq == SEP)[0])
+        bound = dict(zip(seq[1:sep:2], seq[2:sep:2]))
+        assert len(bound) == (sep - 1) // 2  # distinct keys
+        assert all(bound[seq[a - 1]] == seq[a] for a in ans) and len(ans) == len(bound)
+    lags = set()
+    for tokens, answers in rows("task_induction"):
+        seq, ans = instance(tokens, answers)
+        lag = ans[0] - 1
+        lags.add(lag)
+        assert all(seq[a] == seq[a - lag] for a in ans)
+    assert len(lags) > 3  # N varies per example
+    for tokens, answers in rows("task_addition"):
+        seq, ans = instance(tokens, answers)
+        plus, sep = int(np.flatnonzero(seq == PLUS)[0]), int(np.flatnonzero(seq == SEP)[0])
+        number = lambda digits: int("".join(str(d - FIRST) for d in digits[::-1]))
+        assert number(seq[1:plus]) + number(seq[plus + 1:sep]) == number(seq[ans])
+
+
+def test_train_batches_are_seeded_and_draw_every_size_up_to_the_length():
+    data = task_data("task_copy")
+    x, y = train_batch(data, 32, 64, seed=1, step=5)
+    assert x.shape == y.shape == (64, 32) and x.dtype == torch.int64
+    assert x.equal(train_batch(data, 32, 64, seed=1, step=5)[0])
+    assert not x.equal(train_batch(data, 32, 64, seed=1, step=6)[0])
+    assert x[:, 1:].equal(y[:, :-1])
+    pads = (x == PAD).sum(1)
+    assert pads.min() <= 1 and pads.max() > 20  # short and full-size instances
+
+
+def test_task_lengths_out_of_reach_are_refused_with_the_key():
+    with pytest.raises(ConfigError, match="eval.lengths entry 5000"):
+        eval_windows(task_data("task_recall"), 5000, 5000)
+    with pytest.raises(ConfigError, match="train.seq_len=2"):
+        check_train_len(task_data("task_addition"), 2)
+    with pytest.raises(ConfigError, match="eval.protocol"):
+        posbench.compose(["dataset=task_copy", "eval.protocol=sliding", "eval.stride=8"])
+
+
+class Oracle(torch.nn.Module):
+    """Predicts each target of the instances it was given (or 0 where `wrong`)."""
+
+    def __init__(self, data, length, count, wrong=()):
+        super().__init__()
+        tokens, _ = data.eval_instances(length, length * count)
+        rows = tokens.astype(np.int64)
+        self.targets = {row[:-1].tobytes(): (i, row[1:]) for i, row in enumerate(rows)}
+        self.wrong, self.vocab = set(wrong), data.vocab_size
+        self.encoding = type("NoEncoding", (), {"set_eval_options": lambda *a: None})()
+
+    def forward(self, x):
+        logits = torch.zeros(*x.shape, self.vocab)
+        for i, row in enumerate(x.numpy()):
+            index, target = self.targets[row.tobytes()]
+            logits[i, torch.arange(x.shape[1]), torch.as_tensor(target)] = 30.0
+            if index in self.wrong:
+                logits[i, :, 0] = 60.0
+        return logits
+
+
+def test_accuracy_is_exact_match_over_answer_tokens_only():
+    data = task_data("task_copy")
+    eval_cfg = OmegaConf.create({"lengths": [40], "tokens": 400, "batch_tokens": 120,
+                                 "protocol": "nonoverlapping"})
+    perfect = evaluate(Oracle(data, 40, 10), data, eval_cfg, torch.device("cpu"))[0]
+    assert perfect["accuracy"] == perfect["token_accuracy"] == 1.0 and perfect["loss"] < 1e-6
+    tokens, answers = data.eval_instances(40, 400)
+    assert perfect["tokens"] == answers[:, 1:].sum()  # answers only: the inputs are noise
+    half = evaluate(Oracle(data, 40, 10, wrong=range(5)), data, eval_cfg, torch.device("cpu"))[0]
+    assert half["accuracy"] == 0.5 and half["token_accuracy"] == 0.5
+    bins = half["per_position"]
+    assert sum(bins["tokens"]) == half["tokens"] and bins["start"][0] >= 20
+
+
+def test_train_on_a_task_writes_accuracy_curves(tmp_path, toy):
+    proc = subprocess.run([shutil.which("posbench"), "train", *toy, "dataset=task_copy",
+                           "eval.lengths=[32,64]", "hydra.run.dir=run"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "run"
+    record = json.loads((run / "results.json").read_text())
+    assert record["dataset"]["name"] == "task_copy"
+    assert all(0 <= p["accuracy"] <= 1 for p in record["eval"]["curve"])
+    assert "accuracy" in (run / "curve.csv").read_text().splitlines()[0]
+    assert (run / "accuracy_vs_length.png").stat().st_size > 0
+    assert "exact" in proc.stdout
+    assert prepare(posbench.compose(["dataset=task_copy"]).dataset).fingerprint == \
+        record["dataset"]["fingerprint"]
