@@ -191,6 +191,7 @@ def main() -> None:
         if verb == "train":
             precheck(rest)
             sys.argv = ["posbench", *rest]
+            _job_errors.clear()
             train_app()
             if _job_errors:
                 sys.exit(max(_job_errors))

@@ -1,6 +1,6 @@
-"""Crash safety through the installed `posbench` command: a run killed with SIGKILL resumes bit for
-bit, finished runs are skipped, failed ones resumed, a sweep goes on past a failing job, and a bad
-run dir or a full disk is refused in one line with nothing overwritten."""
+"""Crash safety through the `posbench` command: a run killed with SIGKILL resumes bit for bit,
+finished runs are skipped, failed ones resumed, a sweep goes on past a failing job, and a bad run
+dir or a full disk is refused in one line with nothing overwritten."""
 import json
 import os
 import random
@@ -8,12 +8,14 @@ import resource
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
 import torch
 
 from posbench.checkpoint import load_checkpoint, save_checkpoint
+from posbench.cli import main
 from posbench.train import check_finite
 
 POSBENCH = shutil.which("posbench")
@@ -29,6 +31,24 @@ RUN = ["encoding=randomized", "model.n_layer=1", "model.d_model=32", "model.n_he
 def posbench_train(args, cwd, **kwargs):
     return subprocess.run([POSBENCH, "train", *args], cwd=cwd, env=ENV, capture_output=True, text=True,
                           timeout=300, **kwargs)
+
+
+def train_in_process(args, monkeypatch, capsys):
+    """`posbench train ARGS` through the console script's own function, in this process: for the
+    commands that stop before training, without the seconds a new interpreter costs."""
+    monkeypatch.setattr(sys, "argv", ["posbench", "train", *args])
+    try:
+        main()
+        code = 0
+    except SystemExit as exit:
+        code = exit.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out, err)
+
+
+def error_lines(proc):
+    assert "Traceback" not in proc.stdout + proc.stderr
+    return [line for line in proc.stderr.splitlines() if line.startswith("posbench: error:")]
 
 
 def results(run_dir):
@@ -81,10 +101,12 @@ def test_a_run_killed_at_a_random_step_resumes_bit_for_bit(finished, tmp_path):
     assert not list(run_dir.glob(".*.*")), "a temporary file was left behind"
 
 
-def test_a_finished_run_is_skipped_and_a_failed_one_resumed(finished, tmp_path):
+def test_a_finished_run_is_skipped_and_a_failed_one_resumed(finished, tmp_path, monkeypatch,
+                                                            capsys):
     run_dir = copy_of(finished, tmp_path)
     before = files(run_dir)
-    proc = posbench_train([*RUN, "eval.tokens=512", "hydra.run.dir=run"], tmp_path)
+    proc = train_in_process([*RUN, "eval.tokens=512", f"hydra.run.dir={run_dir}"], monkeypatch,
+                            capsys)
     assert proc.returncode == 0 and "skipped" in proc.stdout, proc.stderr[-2000:]
     assert files(run_dir) == before
 
@@ -121,14 +143,14 @@ REFUSED = [
 
 
 @pytest.mark.parametrize("extra,damage,needle", REFUSED, ids=[n for _, _, n in REFUSED])
-def test_a_run_dir_that_cannot_be_resumed_is_refused_in_one_line(finished, tmp_path, extra,
-                                                                  damage, needle):
+def test_a_run_dir_that_cannot_be_resumed_is_refused_in_one_line(finished, tmp_path, monkeypatch,
+                                                                  capsys, extra, damage, needle):
     run_dir = copy_of(finished, tmp_path)
     (run_dir / "results.json").unlink()  # a run killed after its last checkpoint
     if damage:
         damage(run_dir / "checkpoint.pt")
     before = files(run_dir)
-    proc = posbench_train([*RUN, *extra, "hydra.run.dir=run"], tmp_path)
+    proc = train_in_process([*RUN, *extra, f"hydra.run.dir={run_dir}"], monkeypatch, capsys)
     assert proc.returncode == 2
     assert error_lines(proc) == proc.stderr.strip().splitlines(), proc.stderr
     assert len(error_lines(proc)) == 1 and needle in proc.stderr
@@ -142,11 +164,6 @@ def test_a_non_finite_loss_names_its_step_and_the_last_good_loss():
     with pytest.raises(FloatingPointError, match=r"nan at step 11; last good loss 3.0000$"):
         check_finite(losses[3:], 10, 3.0)
     assert check_finite(losses[:2], 10, None) == 1.5
-
-
-def error_lines(proc):
-    assert "Traceback" not in proc.stdout + proc.stderr
-    return [line for line in proc.stderr.splitlines() if line.startswith("posbench: error:")]
 
 
 def test_a_sweep_goes_on_past_a_failed_job_and_resumes_it_when_started_again(tmp_path,
