@@ -93,6 +93,8 @@ BAD = [
     (["train", "train.ckpt_every=-1"], "train.ckpt_every=-1"),
     (["train", "train.resume=maybe"], "train.resume=maybe"),
     *([] if torch.cuda.is_available() else [(["train", "device=cuda"], "device='cuda'")]),
+    (["train", "dataset=text"], "dataset.path=None"),
+    (["train", "dataset=text", "dataset.path=/nonexistent-posbench"], "names no files"),
     (["report", "."], "no finished run"),
     (["frobnicate"], "frobnicate"),
 ]

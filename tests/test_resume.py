@@ -29,8 +29,8 @@ RUN = ["encoding=randomized", "model.n_layer=1", "model.d_model=32", "model.n_he
 
 
 def posbench_train(args, cwd, **kwargs):
-    return subprocess.run([POSBENCH, "train", *args], cwd=cwd, env=ENV, capture_output=True, text=True,
-                          timeout=300, **kwargs)
+    return subprocess.run([POSBENCH, "train", *args], cwd=cwd, env=ENV, capture_output=True,
+                          text=True, timeout=300, **kwargs)
 
 
 def train_in_process(args, monkeypatch, capsys):
@@ -80,8 +80,8 @@ def copy_of(run_dir, tmp_path):
 
 def test_a_run_killed_at_a_random_step_resumes_bit_for_bit(finished, tmp_path):
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([POSBENCH, "train", *RUN, f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([POSBENCH, "train", *RUN, f"hydra.run.dir={run_dir}"], cwd=tmp_path,
+                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while not (run_dir / "checkpoint.pt").exists():
         assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint appeared"
