@@ -2,6 +2,12 @@ import os
 import tempfile
 
 import pytest
+import torch
+
+# Toy models run fastest on one thread (and CLI subprocesses inherit it): thread start-up costs
+# more than it saves at this size, and far more when the cores are shared.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(1)
 
 # One token cache for the whole test session (the CLI subprocesses inherit it), never the user's.
 os.environ.setdefault("POSBENCH_CACHE", tempfile.mkdtemp(prefix="posbench-test-cache-"))
