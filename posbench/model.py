@@ -72,8 +72,12 @@ class GPT(nn.Module):
             x = block(x, pos, enc)
         return self.ln_f(x)
 
-    def forward(self, idx: torch.Tensor, pos: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Logits (B, T, V). `pos`: optional (T,) or (B, T) position ids, default 0..T-1."""
+    def forward(self, idx: torch.Tensor, pos: Optional[torch.Tensor] = None,
+                targets: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Logits (B, T, V). `pos`: optional (T,) or (B, T) position ids, default 0..T-1. With
+        `targets` (B, T), the per-token losses instead (what training and DDP call)."""
+        if targets is not None:
+            return self.token_losses(idx, targets, pos)
         return self.head(self.hidden(idx, pos))
 
     def token_losses(self, idx, targets, pos=None, chunk: int = 4096) -> torch.Tensor:

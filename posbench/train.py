@@ -26,6 +26,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 import posbench
+from posbench import distributed
 from posbench.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
 from posbench.config import ConfigError, to_container
 from posbench.data import prepare
@@ -33,7 +34,7 @@ from posbench.data.tokens import TokenData
 from posbench.data.windows import check_train_len, eval_windows, train_batch
 from posbench.evaluate import evaluate
 from posbench.io import write_json
-from posbench.loggers import make_logger
+from posbench.loggers import NoLogger, make_logger
 from posbench.results import RESULTS, load_results, print_curve, results_record, write_results
 
 # config keys that change neither the weights nor the training loss: they may differ on resume
@@ -89,7 +90,10 @@ def make_optimizer(model, cfg, device):
 
 def prepare_run(cfg: DictConfig):
     """Everything in the config that can be refused before any training."""
-    device = resolve_device(cfg.device)
+    device = distributed.setup(resolve_device(cfg.device))
+    if cfg.train.batch_size % distributed.world_size():
+        raise ConfigError(f"train.batch_size={cfg.train.batch_size} is not accepted with "
+                          f"{distributed.world_size()} processes; expected a multiple of it")
     data = prepare(cfg.dataset)
     check_train_len(data, cfg.train.seq_len)
     for length in cfg.eval.lengths:
@@ -225,7 +229,8 @@ def fit(cfg: DictConfig, start: Start, run_dir: Path, logger, progress: Progress
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     optimizer = make_optimizer(model, t, device)
-    step_fn = torch.compile(model.token_losses) if t.compile else model.token_losses
+    net = distributed.wrap(model, device)
+    step_fn = torch.compile(net) if t.compile else net
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
                 else nullcontext())
     # per-step losses of the open log window, kept on device (no host sync per step on CUDA);
@@ -249,20 +254,20 @@ def fit(cfg: DictConfig, start: Start, run_dir: Path, logger, progress: Progress
 
     model.train()
     bar = tqdm(range(first, t.steps), initial=first, total=t.steps,
-               desc=f"train {cfg.encoding.name}", unit="step")
+               desc=f"train {cfg.encoding.name}", unit="step", disable=not distributed.is_main())
     for step in bar:
         lr = lr_at(step, t)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        x, y = (z.to(device, non_blocking=True) for z in
+        x, y = (distributed.shard(z).to(device, non_blocking=True) for z in
                 train_batch(data, t.seq_len, t.batch_size, cfg.seed, step))
         with autocast:
-            loss = step_fn(x, y).mean()
+            loss = step_fn(x, targets=y).mean()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
         optimizer.step()
-        losses[n] = loss.detach()
+        losses[n] = distributed.mean(loss.detach())  # the global batch's loss on every rank
         n += 1
         done = step + 1
         log = n == t.log_every or done == t.steps
@@ -276,7 +281,7 @@ def fit(cfg: DictConfig, start: Start, run_dir: Path, logger, progress: Progress
             bar.set_postfix(loss=f"{final_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:.0f}")
             logger.log({"train/step": done, "train/loss": final_loss, "train/lr": lr,
                         "train/tokens_per_second": tps})
-        if save:
+        if save and distributed.is_main():
             save_checkpoint(run_dir / CHECKPOINT, {
                 "posbench": posbench.__version__, "config": to_container(cfg),
                 "dataset": data.fingerprint, "step": done, "model": model.state_dict(),
@@ -311,26 +316,32 @@ def record_failure(cfg: DictConfig, start: Start, run_dir: Path, progress: Progr
     kept = (f"its checkpoint at step {progress.saved_step} is kept: starting the run again "
             "resumes from it" if progress.saved_step is not None else "no checkpoint was saved")
     try:
-        write_json(run_dir / RESULTS, record)
+        if distributed.is_main():
+            write_json(run_dir / RESULTS, record)
     except OSError as write_err:
         kept += f"; results.json could not be written either ({one_line(write_err)})"
     return RunFailed(f"run {str(run_dir)!r} failed {where}: {reason}; {kept}")
 
 
 def train(cfg: DictConfig, run_dir: Path, group: str, name: str,
-          start: Optional[Start] = None) -> dict:
+          start: Optional[Start] = None) -> Optional[dict]:
     """Trains (or resumes) the run in `run_dir`, evaluates it and writes its results; raises
-    RunFailed after recording a failure in results.json."""
+    RunFailed after recording a failure in results.json. Under torchrun only rank 0 writes and
+    evaluates; the other ranks return None after training."""
     run_dir = Path(run_dir)
     start = start or plan_run(cfg, run_dir)
+    main = distributed.is_main()
     for tmp in run_dir.glob(f".{CHECKPOINT}.*"):  # a checkpoint write cut short by a kill
-        tmp.unlink()
-    logger = make_logger(cfg, run_dir, name, group, to_container(cfg))
+        if main:
+            tmp.unlink()
+    logger = make_logger(cfg, run_dir, name, group, to_container(cfg)) if main else NoLogger()
     progress = Progress()
     if start.state:
         progress.first = progress.step = progress.saved_step = start.state["step"]
     try:
         summary = fit(cfg, start, run_dir, logger, progress)
+        if not main:
+            return None
         curve = evaluate(start.model, start.data, cfg.eval, start.device)
         record = results_record(cfg, start.model, start.data, curve, train=summary)
         write_results(run_dir, record)

@@ -1,0 +1,54 @@
+"""Data-parallel training under torchrun (`torchrun --nproc_per_node=N --no-python posbench
+train ...`): one process per device, each takes its slice of the same global batch, and
+DistributedDataParallel averages the gradients, so N processes compute what one process computes
+with the whole batch. Rank 0 alone writes files, logs and evaluates."""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def is_main() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def setup(device: torch.device) -> torch.device:
+    """Joins torchrun's process group (no-op in a single process); returns this rank's device."""
+    if world_size() == 1:
+        return device
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return device
+
+
+def wrap(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    if world_size() == 1:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+
+
+def shard(batch: torch.Tensor) -> torch.Tensor:
+    """This rank's contiguous slice of the global batch."""
+    rows = batch.shape[0] // world_size()
+    start = int(os.environ.get("RANK", "0")) * rows
+    return batch[start:start + rows]
+
+
+def mean(values: torch.Tensor) -> torch.Tensor:
+    """Elementwise mean over ranks (the values themselves in a single process)."""
+    if world_size() == 1:
+        return values
+    values = values.clone()
+    dist.all_reduce(values)
+    return values / world_size()

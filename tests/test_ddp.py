@@ -1,0 +1,39 @@
+"""torchrun with 2 CPU processes (gloo) trains what one process trains with the same global batch."""
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+ARGS = ["train", "model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.steps=4",
+        "train.batch_size=4", "train.seq_len=32", "train.warmup_steps=1", "eval.lengths=[32,64]",
+        "eval.tokens=256", "encoding=alibi"]
+
+
+def test_two_gloo_processes_match_one_process(tmp_path):
+    posbench = shutil.which("posbench")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    single = subprocess.run([posbench, *ARGS, "hydra.run.dir=single"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert single.returncode == 0, single.stderr[-2000:]
+    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc_per_node=2", "--no-python", posbench, *ARGS, "hydra.run.dir=ddp"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert ddp.returncode == 0, (ddp.stdout + ddp.stderr)[-3000:]
+    one = json.loads((tmp_path / "single" / "results.json").read_text())
+    two = json.loads((tmp_path / "ddp" / "results.json").read_text())
+    assert math.isclose(one["train"]["final_loss"], two["train"]["final_loss"], rel_tol=1e-5)
+    for a, b in zip(one["eval"]["curve"], two["eval"]["curve"]):
+        assert a["length"] == b["length"] and math.isclose(a["loss"], b["loss"], rel_tol=1e-5)
+    assert one["eval"]["curve"][0]["loss"] != 0
+
+
+def test_batch_not_divisible_by_processes_is_refused(tmp_path):
+    posbench = shutil.which("posbench")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    args = [a if not a.startswith("train.batch_size") else "train.batch_size=3" for a in ARGS]
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc_per_node=2", "--no-python", posbench, *args, "hydra.run.dir=r"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0 and "train.batch_size=3" in proc.stdout + proc.stderr
