@@ -30,13 +30,19 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, encoding) -> torch.Tensor:
         B, T, C = x.shape
+        q, k, v = self.heads(x, pos, encoding)
+        y = attend(q, k, v, pos, encoding, self.layer)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+    def heads(self, x: torch.Tensor, pos: torch.Tensor, encoding):
+        """q, k, v (B, H, T, d) as the attention sees them: rotated and log-n scaled."""
+        B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
         if encoding.rotate is not None:
             q, k = encoding.rotate(q, k, pos, self.layer)
         if encoding.logn_scaling:  # eval.logn_scaling: kappa_i * q_i scales row i's logits
             q = q * logn_scale(T, encoding.dims.train_len, q.device).to(q.dtype)
-        y = attend(q, k, v, pos, encoding, self.layer)
-        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+        return q, k, v
 
 
 def logn_scale(n: int, train_len: int, device=None) -> torch.Tensor:
@@ -79,6 +85,16 @@ def blockwise_attention(q, k, v, score_mod=None, row_mod=None, value_mod=None):
 
 
 def _attend_block(q, k, v, start, b, h, score_mod, row_mod, value_mod):
+    probs, q_idx, kv_idx = _block_probs(q, k, start, b, h, score_mod, row_mod)
+    out = probs @ v.to(probs.dtype)
+    if value_mod is not None:
+        out = out + value_mod(probs, q_idx=q_idx, kv_idx=kv_idx)
+    return out.to(v.dtype)
+
+
+def _block_probs(q, k, start, b, h, score_mod, row_mod):
+    """Causal attention probabilities (B, H, Tq, Tk) in fp32 at least of the query block that
+    starts at sequence index `start`, with its q_idx and kv_idx."""
     Tq, Tk = q.shape[2], k.shape[2]
     q_idx = torch.arange(start, start + Tq, device=q.device).view(1, 1, Tq, 1)
     kv_idx = torch.arange(Tk, device=q.device).view(1, 1, 1, Tk)
@@ -90,11 +106,20 @@ def _attend_block(q, k, v, start, b, h, score_mod, row_mod, value_mod):
     scores = scores.masked_fill(future, float("-inf"))
     if row_mod is not None:
         scores = row_mod(scores, q_idx=q_idx, kv_idx=kv_idx).masked_fill(future, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    out = probs @ v.to(dtype)
-    if value_mod is not None:
-        out = out + value_mod(probs, q_idx=q_idx, kv_idx=kv_idx)
-    return out.to(v.dtype)
+    return torch.softmax(scores, dim=-1), q_idx, kv_idx
+
+
+def attention_probs(q, k, pos, encoding, layer, start=0, end=None):
+    """Attention probabilities (B, H, end - start, end) of queries start..end-1 from q and k as
+    CausalSelfAttention.heads returns them: the dense-score path every hook goes through, for
+    inspecting what a trained model attends to (value_mod changes the output, not these)."""
+    end = q.shape[2] if end is None else end
+    score_mod = encoding.score_mod(q, k, pos, layer) if encoding.score_mod is not None else None
+    row_mod = (functools.partial(encoding.row_mod, q=q, pos=pos, layer=layer)
+               if encoding.row_mod is not None else None)
+    b = torch.arange(q.shape[0], device=q.device).view(-1, 1, 1, 1)
+    h = torch.arange(q.shape[1], device=q.device).view(1, -1, 1, 1)
+    return _block_probs(q[:, :, start:end], k[:, :, :end], start, b, h, score_mod, row_mod)[0]
 
 
 @functools.lru_cache(maxsize=8)

@@ -22,6 +22,9 @@ USAGE = """usage: posbench <verb> [args]
                              --help, hydra.run.dir=...   e.g. posbench train encoding=alibi
   eval RUN_DIR [overrides]   re-evaluate a run's checkpoint without retraining, e.g.
                              posbench eval RUN_DIR eval.rope_scaling=yarn eval.lengths=[512,4096]
+  inspect RUN_DIR [--lengths L1,L2]
+                             plots that explain a run (learned positions' PCA, attention mass by
+                             lag per head) into RUN_DIR; lengths default to train length and 4x
   report DIR                 table + ppl_vs_length.png over every run below DIR
   list                       encodings, datasets and model presets, one line each
 """
@@ -176,6 +179,33 @@ def precheck(argv: list) -> None:
             raise _composition_error(err) from None
 
 
+def run_dir_arg(verb: str, rest: list, usage: str) -> Path:
+    """The finished run dir that `eval` and `inspect` take first."""
+    if not rest or rest[0].startswith("-") or "=" in rest[0]:
+        raise ConfigError(f"posbench {verb} needs RUN_DIR first; expected `{usage}`")
+    run_dir = Path(rest[0]).resolve()
+    if not (run_dir / ".hydra" / "config.yaml").is_file() or not (
+            run_dir / "checkpoint.pt").is_file():
+        raise ConfigError(f"RUN_DIR={rest[0]!r} is not accepted; expected a finished "
+                          "run dir with .hydra/config.yaml and checkpoint.pt")
+    return run_dir
+
+
+def lengths_option(args: list):
+    """`--lengths 128,512` or `--lengths=128,512` -> [128, 512]; None when absent."""
+    if not args:
+        return None
+    text = ""
+    if len(args) == 2 and args[0] == "--lengths":
+        text = args[1]
+    elif len(args) == 1 and args[0].startswith("--lengths="):
+        text = args[0].removeprefix("--lengths=")
+    if not re.fullmatch(r"[1-9]\d*(,[1-9]\d*)*", text):
+        raise ConfigError(f"{' '.join(args)!r} is not accepted; expected --lengths L1,L2 of "
+                          "positive integers")
+    return [int(n) for n in text.split(",")]
+
+
 def main() -> None:
     argv = sys.argv[1:]
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -196,19 +226,17 @@ def main() -> None:
             if _job_errors:
                 sys.exit(max(_job_errors))
         elif verb == "eval":
-            if not rest or rest[0].startswith("-") or "=" in rest[0]:
-                raise ConfigError("posbench eval needs RUN_DIR first; expected "
-                                  "`posbench eval RUN_DIR [overrides]`")
-            run_dir = Path(rest[0]).resolve()
-            if not (run_dir / ".hydra" / "config.yaml").is_file() or not (
-                    run_dir / "checkpoint.pt").is_file():
-                raise ConfigError(f"RUN_DIR={rest[0]!r} is not accepted; expected a finished "
-                                  "run dir with .hydra/config.yaml and checkpoint.pt")
+            run_dir = run_dir_arg(verb, rest, "posbench eval RUN_DIR [overrides]")
             sys.argv = ["posbench eval", f"--config-path={run_dir / '.hydra'}",
                         "--config-name=config", f"hydra.run.dir={run_dir}",
                         "hydra.output_subdir=null", "hydra/job_logging=stdout",
                         "hydra.job.name=eval", *rest[1:]]
             eval_app()
+        elif verb == "inspect":
+            run_dir = run_dir_arg(verb, rest, "posbench inspect RUN_DIR [--lengths L1,L2]")
+            from posbench.inspect import inspect_run
+
+            inspect_run(run_dir, lengths_option(rest[1:]))
         elif verb == "report":
             if len(rest) != 1:
                 raise ConfigError("posbench report needs one folder; expected `posbench report DIR`")
@@ -219,6 +247,6 @@ def main() -> None:
             list_components()
         else:
             raise ConfigError(f"verb {verb!r} is not accepted; expected one of train, eval, "
-                              "report, list")
+                              "inspect, report, list")
     except ConfigError as err:
         fail(err)
