@@ -4,7 +4,10 @@
 - score_mod only, on CUDA       -> FlexAttention with a causal block mask (compiled)
 - otherwise (CPU, row/value)    -> blockwise: query blocks against their causal key prefix, so
                                    memory grows with T x block, never T x T; in training each
-                                   block is recomputed in backward (checkpoint) for the same bound
+                                   block is recomputed in backward (checkpoint) for the same bound.
+                                   An additive score_mod (encoding.additive_score_mod) becomes a
+                                   float mask for fused SDPA in each block instead of dense
+                                   scores.
 """
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ from torch.utils.checkpoint import checkpoint
 
 # score elements per block: bounds the memory of the blockwise path (64 MiB of fp32 per tensor)
 BLOCK_ELEMENTS = 1 << 24
+# query rows per step of BiasedAttention's backward (measured on CPU: 64 beats 32 and 128)
+BACKWARD_ROWS = 64
 
 
 class CausalSelfAttention(nn.Module):
@@ -63,28 +68,46 @@ def attend(q, k, v, pos, encoding, layer):
         return flex_attention(q, k, v, score_mod)
     row = functools.partial(encoding.row_mod, q=q, pos=pos, layer=layer) if row_mod else None
     val = functools.partial(encoding.value_mod, pos=pos, layer=layer) if value_mod else None
-    return blockwise_attention(q, k, v, score_mod, row, val)
+    additive = encoding.additive_score_mod and row is None and val is None
+    return blockwise_attention(q, k, v, score_mod, row, val, additive=additive)
 
 
-def blockwise_attention(q, k, v, score_mod=None, row_mod=None, value_mod=None):
-    """Exact causal attention, one block of queries at a time against its key prefix."""
+def blockwise_attention(q, k, v, score_mod=None, row_mod=None, value_mod=None, additive=False):
+    """Exact causal attention, one block of queries at a time against its key prefix.
+    `additive`: score_mod only adds a bias, so each block runs as SDPA with that bias as mask."""
     B, H, T, d = q.shape
     rows = max(16, min(T, BLOCK_ELEMENTS // max(1, B * H * T)))
     b = torch.arange(B, device=q.device).view(B, 1, 1, 1)
     h = torch.arange(H, device=q.device).view(1, H, 1, 1)
+    block = functools.partial(_bias_block, score_mod=score_mod) if additive else functools.partial(
+        _attend_block, score_mod=score_mod, row_mod=row_mod, value_mod=value_mod)
     outputs = []
     for start in range(0, T, rows):
         end = min(T, start + rows)
-        args = (q[:, :, start:end], k[:, :, :end], v[:, :, :end], start, b, h,
-                score_mod, row_mod, value_mod)
+        args = (q[:, :, start:end], k[:, :, :end], v[:, :, :end], start, b, h)
         if torch.is_grad_enabled() and rows < T:
-            outputs.append(checkpoint(_attend_block, *args, use_reentrant=False))
+            outputs.append(checkpoint(block, *args, use_reentrant=False))
         else:
-            outputs.append(_attend_block(*args))
+            outputs.append(block(*args))
     return torch.cat(outputs, dim=2)
 
 
+def _bias_block(q, k, v, start, b, h, score_mod):
+    """One block through fused SDPA, the additive score_mod evaluated on zero scores as its mask.
+    The mask is 4-D (CPU's fused kernel needs that), expanded without copying."""
+    Tq, Tk = q.shape[2], k.shape[2]
+    q_idx = torch.arange(start, start + Tq, device=q.device).view(1, 1, Tq, 1)
+    kv_idx = torch.arange(Tk, device=q.device).view(1, 1, 1, Tk)
+    bias = score_mod(torch.zeros((), dtype=q.dtype, device=q.device), b, h, q_idx, kv_idx)
+    mask = bias.to(q.dtype).masked_fill(kv_idx > q_idx, float("-inf"))
+    mask = mask.expand(q.shape[0], q.shape[1], Tq, Tk)
+    if mask.requires_grad:
+        return BiasedAttention.apply(q, k, v, mask, start)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
 def _attend_block(q, k, v, start, b, h, score_mod, row_mod, value_mod):
+    """One block from dense fp32 scores, for any combination of hooks."""
     probs, q_idx, kv_idx = _block_probs(q, k, start, b, h, score_mod, row_mod)
     out = probs @ v.to(probs.dtype)
     if value_mod is not None:
@@ -99,7 +122,8 @@ def _block_probs(q, k, start, b, h, score_mod, row_mod):
     q_idx = torch.arange(start, start + Tq, device=q.device).view(1, 1, Tq, 1)
     kv_idx = torch.arange(Tk, device=q.device).view(1, 1, 1, Tk)
     dtype = torch.promote_types(q.dtype, torch.float32)  # logits in fp32 at least, even under bf16
-    scores = (q.to(dtype) @ k.to(dtype).transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    # scaling q, not the scores, saves a pass over the block's scores
+    scores = (q.to(dtype) / math.sqrt(q.shape[-1])) @ k.to(dtype).transpose(-2, -1)
     if score_mod is not None:
         scores = score_mod(scores, b, h, q_idx, kv_idx)
     future = kv_idx > q_idx
@@ -120,6 +144,41 @@ def attention_probs(q, k, pos, encoding, layer, start=0, end=None):
     b = torch.arange(q.shape[0], device=q.device).view(-1, 1, 1, 1)
     h = torch.arange(q.shape[1], device=q.device).view(1, -1, 1, 1)
     return _block_probs(q[:, :, start:end], k[:, :, :end], start, b, h, score_mod, row_mod)[0]
+
+
+class BiasedAttention(torch.autograd.Function):
+    """Causal softmax(q k^T / sqrt(d) + mask) v for a float mask that needs a gradient (learned
+    biases); query i of the block sits at sequence index start + i and `mask` is -inf past it.
+    SDPA would take its unfused math path for such a mask on CPU. Here the forward stays fused,
+    and the backward recomputes the probabilities a chunk of query rows at a time against only
+    the keys those rows can see, which skips the masked half and stays in cache."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, start):
+        # detached: SDPA picks its unfused path for any mask that requires grad, even here
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.detach())
+        ctx.save_for_backward(q, k, v, mask, out)
+        ctx.start = start
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, mask, out = ctx.saved_tensors
+        scale = 1 / math.sqrt(q.shape[-1])
+        row_dot = (grad_out * out).sum(-1, keepdim=True)  # rowsum(dO * O)
+        grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        grad_mask = torch.zeros(mask.shape, dtype=mask.dtype, device=mask.device)
+        for i in range(0, q.shape[2], BACKWARD_ROWS):
+            rows, keys = slice(i, i + BACKWARD_ROWS), slice(0, ctx.start + i + BACKWARD_ROWS)
+            qc, kc, vc, dout = q[:, :, rows], k[:, :, keys], v[:, :, keys], grad_out[:, :, rows]
+            probs = (qc @ kc.transpose(-2, -1)).mul_(scale).add_(mask[:, :, rows, keys]).softmax(-1)
+            # dS = P * (dP - rowsum(dO * O)) with dP = dO v^T; it is also the mask's gradient
+            grad_scores = (dout @ vc.transpose(-2, -1)).sub_(row_dot[:, :, rows]).mul_(probs)
+            grad_q[:, :, rows] = (grad_scores @ kc).mul_(scale)
+            grad_k[:, :, keys] += (grad_scores.transpose(-2, -1) @ qc).mul_(scale)
+            grad_v[:, :, keys] += probs.transpose(-2, -1) @ dout
+            grad_mask[:, :, rows, keys] = grad_scores
+        return grad_q, grad_k, grad_v, grad_mask, None
 
 
 @functools.lru_cache(maxsize=8)

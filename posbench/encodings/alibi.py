@@ -25,6 +25,7 @@ def alibi_slopes(n_head: int) -> List[float]:
 class ALiBi(PositionalEncoding):
     family = "bias"
     relative = True
+    additive_score_mod = True
     past_train_len = "defined at every distance; the linear penalty acts as a window, ppl stays flat"
     reference = "Train Short, Test Long (Press et al. 2022)"
 
@@ -38,8 +39,10 @@ class ALiBi(PositionalEncoding):
 
     def score_mod(self, q, k, pos, layer):
         slopes = self.slopes
+        shared = pos.stride(0) == 0  # one position row for the batch: one bias for all rows
 
         def alibi(score, b, h, q_idx, kv_idx):
-            return score - slopes[h] * (pos[b, q_idx] - pos[b, kv_idx])
+            row = 0 if shared else b
+            return score - slopes[h] * (pos[row, q_idx] - pos[row, kv_idx])
 
         return alibi

@@ -63,6 +63,9 @@ class PositionalEncoding(nn.Module):
     # behaviour past the training length, one line (docs/encodings.md is built from it)
     past_train_len: ClassVar[str] = ""
     reference: ClassVar[str] = ""
+    # score_mod(score, ...) is score + a bias that does not read `score`: the CPU path then
+    # evaluates the bias on zeros and runs fused SDPA with it as a float mask
+    additive_score_mod: ClassVar[bool] = False
 
     positions: Optional[Callable] = None
     embed: Optional[Callable] = None

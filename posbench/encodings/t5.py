@@ -23,6 +23,7 @@ def t5_bucket(distance: torch.Tensor, num_buckets: int, max_distance: int) -> to
 class T5Bias(PositionalEncoding):
     family = "bias"
     relative = True
+    additive_score_mod = True
     past_train_len = "every lag >= max_distance shares the last bucket: flat bias, no new parameters"
     reference = "Exploring the Limits of Transfer Learning (Raffel et al. 2020)"
 
@@ -46,9 +47,15 @@ class T5Bias(PositionalEncoding):
         self.bias = nn.Parameter(torch.zeros(cfg.num_buckets, dims.n_head))
 
     def score_mod(self, q, k, pos, layer):
-        bias, nb, md = self.bias, self.cfg.num_buckets, self.cfg.max_distance
+        md = self.cfg.max_distance
+        # the bias of every lag 0..max_distance, (md + 1, H): larger lags share the last bucket,
+        # so one small gather per score replaces the log-bucketing of every (i, j)
+        lags = torch.arange(md + 1, device=pos.device)
+        table = self.bias[t5_bucket(lags, self.cfg.num_buckets, md)]
+        shared = pos.stride(0) == 0  # one position row for the batch: one bias for all rows
 
         def t5(score, b, h, q_idx, kv_idx):
-            return score + bias[t5_bucket(pos[b, q_idx] - pos[b, kv_idx], nb, md), h]
+            row = 0 if shared else b
+            return score + table[(pos[row, q_idx] - pos[row, kv_idx]).clamp(0, md), h]
 
         return t5

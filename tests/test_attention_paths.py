@@ -1,0 +1,162 @@
+"""Every attention path against a dense float64 reference, forward and backward.
+
+Paths (posbench/attention.py): fused SDPA (no score hook), the blockwise CPU path with dense
+scores (any hook) and with an additive score_mod as SDPA's float mask (BiasedAttention when the
+bias is learned), each in one block and in several checkpointed blocks; FlexAttention forward on
+CPU (torch has no CPU backward for it).
+"""
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import posbench
+import posbench.attention as attention
+from posbench.attention import attend, blockwise_attention
+
+B, H, T, D = 3, 4, 50, 8
+
+
+def encoding(name):
+    cfg = posbench.compose([f"encoding={name}", "model.n_layer=2", "model.d_model=32",
+                            f"model.n_head={H}", "train.seq_len=32", "eval.lengths=[64]"])
+    torch.manual_seed(0)
+    enc = posbench.build_model(cfg, 256).encoding.double()
+    for p in enc.parameters():  # learned biases start at zero: make them matter
+        torch.nn.init.normal_(p)
+    return enc
+
+
+def inputs(seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, H, T, D, generator=g, dtype=dtype).requires_grad_() for _ in range(3)]
+
+
+def positions(shared):
+    """The model's usual expanded arange, or a separate row per sequence at other offsets."""
+    if shared:
+        return torch.arange(T).expand(B, T)
+    return torch.arange(T).repeat(B, 1) + torch.tensor([[0], [7], [1000]])
+
+
+def dense_reference(q, k, v, score_mod=None):
+    """softmax(causal(score_mod(q k^T / sqrt(d)))) v over the full (B, H, T, T) scores."""
+    Tq, Tk = q.shape[2], k.shape[2]
+    b = torch.arange(q.shape[0]).view(-1, 1, 1, 1)
+    h = torch.arange(q.shape[1]).view(1, -1, 1, 1)
+    q_idx, kv_idx = torch.arange(Tq).view(1, 1, Tq, 1), torch.arange(Tk).view(1, 1, 1, Tk)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if score_mod is not None:
+        scores = score_mod(scores, b, h, q_idx, kv_idx)
+    return torch.softmax(scores.masked_fill(kv_idx > q_idx, float("-inf")), -1) @ v
+
+
+def assert_same_with_grads(out, ref, wrt, rtol=1e-10, atol=1e-10):
+    torch.testing.assert_close(out, ref, rtol=rtol, atol=atol)
+    probe = torch.randn_like(ref)  # a generic output gradient
+    # retain: a score_mod may build tables once, shared by both graphs
+    grads = torch.autograd.grad((out * probe).sum(), wrt, retain_graph=True)
+    ref_grads = torch.autograd.grad((ref * probe).sum(), wrt)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=rtol, atol=atol)
+
+
+def test_sdpa_path_forward_and_backward():
+    q, k, v = inputs()
+    enc = encoding("nope")
+    out = attend(q, k, v, positions(True), enc, 0)
+    assert_same_with_grads(out, dense_reference(q, k, v), (q, k, v))
+
+
+@pytest.mark.parametrize("blocks", ["one", "several"])
+@pytest.mark.parametrize("additive", [False, True], ids=["dense-scores", "sdpa-mask"])
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-pos", "per-row-pos"])
+@pytest.mark.parametrize("name", ["alibi", "t5"])
+def test_blockwise_paths_forward_and_backward(name, shared, additive, blocks, monkeypatch):
+    if blocks == "several":  # rows of 16: four blocks, each checkpointed
+        monkeypatch.setattr(attention, "BLOCK_ELEMENTS", B * H * T * 16)
+        monkeypatch.setattr(attention, "BACKWARD_ROWS", 5)  # chunks that straddle blocks
+    q, k, v = inputs()
+    enc = encoding(name)
+    fn = enc.score_mod(q, k, positions(shared), 0)
+    out = blockwise_attention(q, k, v, fn, additive=additive)
+    assert_same_with_grads(out, dense_reference(q, k, v, fn), (q, k, v, *enc.parameters()))
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5"])
+def test_additive_encodings_take_the_sdpa_mask_path(name, monkeypatch):
+    def dense_path(*args, **kwargs):
+        raise AssertionError("an additive score_mod reached the dense-scores block")
+
+    monkeypatch.setattr(attention, "_attend_block", dense_path)
+    q, k, v = inputs()
+    enc = encoding(name)
+    assert enc.additive_score_mod
+    pos = positions(True)
+    out = attend(q, k, v, pos, enc, 1)
+    assert_same_with_grads(out, dense_reference(q, k, v, enc.score_mod(q, k, pos, 1)),
+                           (q, k, v, *enc.parameters()))
+
+
+def test_learned_bias_in_a_later_block_starts_at_its_offset():
+    """BiasedAttention alone for a block of queries 20..49 against keys 0..49."""
+    q, k, v = inputs()
+    enc = encoding("t5")
+    fn = enc.score_mod(q, k, positions(True), 0)
+    b, h = torch.arange(B).view(B, 1, 1, 1), torch.arange(H).view(1, H, 1, 1)
+    out = attention._bias_block(q[:, :, 20:], k, v, 20, b, h, fn)
+    ref = dense_reference(q, k, v, fn)[:, :, 20:]
+    assert_same_with_grads(out, ref, (q, k, v, *enc.parameters()))
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5"])
+def test_flex_attention_forward_on_cpu(name):
+    q, k, v = (x.detach() for x in inputs(dtype=torch.float32))
+    enc = encoding(name).float()
+    fn = enc.score_mod(q, k, positions(True), 0)
+    with torch.no_grad():
+        out = attention.flex_attention(q, k, v, fn)
+        torch.testing.assert_close(out, dense_reference(q.double(), k.double(), v.double(), fn)
+                                   .float(), rtol=1e-5, atol=1e-5)
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the largest tensor any op produces."""
+
+    def __init__(self):
+        super().__init__()
+        self.numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.numel = max(self.numel, t.numel())
+        return out
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("additive", [False, True], ids=["dense-scores", "sdpa-mask"])
+def test_blockwise_memory_grows_with_length_not_its_square(additive, train, monkeypatch):
+    """Blocks of 64 query rows at T = 1024: no tensor holds more than a block's scores (1/16 of
+    the full H x T x T), and in training the graph keeps only the blocks' inputs (checkpoint)."""
+    n, heads = 1024, 2
+    block = heads * n * 64
+    monkeypatch.setattr(attention, "BLOCK_ELEMENTS", block)
+    q, k, v = (torch.randn(1, heads, n, D, requires_grad=train) for _ in range(3))
+    enc = encoding("t5").float()
+    fn = enc.score_mod(q, k, torch.arange(n).expand(1, n), 0)
+    saved = {}  # storages kept for backward (views of q, k, v share theirs)
+
+    def keep(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with LargestTensor() as largest, torch.set_grad_enabled(train):
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            out = blockwise_attention(q, k, v, fn, additive=additive)
+        if train:
+            out.sum().backward()
+    assert largest.numel <= block
+    assert sum(saved.values()) <= block * 4  # fp32 bytes
