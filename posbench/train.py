@@ -30,8 +30,9 @@ from posbench import distributed
 from posbench.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
 from posbench.config import ConfigError, to_container
 from posbench.data import prepare
+from posbench.data.tasks import IGNORE
 from posbench.data.tokens import TokenData
-from posbench.data.windows import check_train_len, eval_windows, train_batch
+from posbench.data.windows import check_train_len, eval_plan, train_batch
 from posbench.evaluate import evaluate
 from posbench.io import write_json
 from posbench.loggers import NoLogger, make_logger
@@ -97,7 +98,7 @@ def prepare_run(cfg: DictConfig):
     data = prepare(cfg.dataset)
     check_train_len(data, cfg.train.seq_len)
     for length in cfg.eval.lengths:
-        eval_windows(data, length, cfg.eval.tokens)
+        eval_plan(data, length, cfg.eval)
     return device, data
 
 
@@ -262,7 +263,8 @@ def fit(cfg: DictConfig, start: Start, run_dir: Path, logger, progress: Progress
         x, y = (distributed.shard(z).to(device, non_blocking=True) for z in
                 train_batch(data, t.seq_len, t.batch_size, cfg.seed, step))
         with autocast:
-            loss = step_fn(x, targets=y).mean()
+            # mean over trained targets (tasks mark the others IGNORE; text trains on all)
+            loss = step_fn(x, targets=y).sum() / (y != IGNORE).sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 import posbench
 from posbench.config import ConfigError
 from posbench.data import prepare, vocab_size
-from posbench.data.tasks import BOS, FIRST, PAD, PLUS, SEP, TASKS, task_data
+from posbench.data.tasks import IGNORE, BOS, FIRST, PAD, PLUS, SEP, TASKS, task_data
 from posbench.data.windows import check_train_len, eval_windows, train_batch
 from posbench.evaluate import evaluate
 
@@ -69,7 +69,9 @@ def test_train_batches_are_seeded_and_draw_every_size_up_to_the_length():
     assert x.shape == y.shape == (64, 32) and x.dtype == torch.int64
     assert x.equal(train_batch(data, 32, 64, seed=1, step=5)[0])
     assert not x.equal(train_batch(data, 32, 64, seed=1, step=6)[0])
-    assert x[:, 1:].equal(y[:, :-1])
+    trained = y[:, :-1] != IGNORE  # only answer tokens are training targets
+    assert 0 < trained.float().mean() < 1
+    assert x[:, 1:][trained].equal(y[:, :-1][trained])
     pads = (x == PAD).sum(1)
     assert pads.min() <= 1 and pads.max() > 20  # short and full-size instances
 

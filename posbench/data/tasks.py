@@ -159,6 +159,9 @@ TASKS: Dict[str, Task] = {"task_copy": Copy(), "task_reverse": Reverse(), "task_
                           "task_induction": Induction(), "task_addition": Addition()}
 
 
+IGNORE = -100  # cross_entropy's ignore_index: a target that is not trained on
+
+
 @dataclass
 class TaskData:
     """A task dataset: no token file, instances are generated when asked for."""
@@ -175,8 +178,9 @@ class TaskData:
 
     def train_batch(self, seq_len: int, batch_size: int, seed: int, step: int):
         rng = np.random.default_rng([seed, step])
-        tokens, _ = self.task.batch(rng, batch_size, seq_len + 1, fill=False)
-        return tokens[:, :-1], tokens[:, 1:]
+        tokens, answers = self.task.batch(rng, batch_size, seq_len + 1, fill=False)
+        # train on the answers alone, the tokens evaluation scores: the inputs are random
+        return tokens[:, :-1], np.where(answers[:, 1:], tokens[:, 1:], IGNORE)
 
     def eval_instances(self, length: int, tokens: int):
         """ceil(tokens / length) instances filling length + 1 tokens (inputs and targets)."""
