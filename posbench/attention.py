@@ -89,21 +89,21 @@ def blockwise_attention(q, k, v, score_mod=None, row_mod=None, value_mod=None, a
             outputs.append(checkpoint(block, *args, use_reentrant=False))
         else:
             outputs.append(block(*args))
-    return torch.cat(outputs, dim=2)
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
 
 
 def _bias_block(q, k, v, start, b, h, score_mod):
-    """One block through fused SDPA, the additive score_mod evaluated on zero scores as its mask.
-    The mask is 4-D (CPU's fused kernel needs that), expanded without copying."""
+    """One block through fused SDPA, the additive score_mod evaluated on zero scores as its mask:
+    (1, H, Tq, Tk) when the batch shares positions, expanded to 4-D B, H without copying (CPU's
+    fused kernel needs that)."""
     Tq, Tk = q.shape[2], k.shape[2]
     q_idx = torch.arange(start, start + Tq, device=q.device).view(1, 1, Tq, 1)
     kv_idx = torch.arange(Tk, device=q.device).view(1, 1, 1, Tk)
     bias = score_mod(torch.zeros((), dtype=q.dtype, device=q.device), b, h, q_idx, kv_idx)
     mask = bias.to(q.dtype).masked_fill(kv_idx > q_idx, float("-inf"))
-    mask = mask.expand(q.shape[0], q.shape[1], Tq, Tk)
     if mask.requires_grad:
         return BiasedAttention.apply(q, k, v, mask, start)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.expand(*q.shape[:2], Tq, Tk))
 
 
 def _attend_block(q, k, v, start, b, h, score_mod, row_mod, value_mod):
@@ -148,7 +148,8 @@ def attention_probs(q, k, pos, encoding, layer, start=0, end=None):
 
 class BiasedAttention(torch.autograd.Function):
     """Causal softmax(q k^T / sqrt(d) + mask) v for a float mask that needs a gradient (learned
-    biases); query i of the block sits at sequence index start + i and `mask` is -inf past it.
+    biases); query i of the block sits at sequence index start + i and `mask`, (B or 1, H or 1,
+    Tq, Tk), is -inf past it.
     SDPA would take its unfused math path for such a mask on CPU. Here the forward stays fused,
     and the backward recomputes the probabilities a chunk of query rows at a time against only
     the keys those rows can see, which skips the masked half and stays in cache."""
@@ -156,7 +157,8 @@ class BiasedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, mask, start):
         # detached: SDPA picks its unfused path for any mask that requires grad, even here
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.detach())
+        full = mask.detach().expand(*q.shape[:2], *mask.shape[2:])
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=full)
         ctx.save_for_backward(q, k, v, mask, out)
         ctx.start = start
         return out
@@ -164,10 +166,13 @@ class BiasedAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, mask, out = ctx.saved_tensors
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # once, not in every matmul
         scale = 1 / math.sqrt(q.shape[-1])
         row_dot = (grad_out * out).sum(-1, keepdim=True)  # rowsum(dO * O)
         grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        grad_mask = torch.zeros(mask.shape, dtype=mask.dtype, device=mask.device)
+        grad_mask = torch.zeros_like(mask)
+        # the batch and head dims the mask broadcasts over: its gradient sums over them
+        broadcast = [i for i in (0, 1) if mask.shape[i] == 1 and q.shape[i] > 1]
         for i in range(0, q.shape[2], BACKWARD_ROWS):
             rows, keys = slice(i, i + BACKWARD_ROWS), slice(0, ctx.start + i + BACKWARD_ROWS)
             qc, kc, vc, dout = q[:, :, rows], k[:, :, keys], v[:, :, keys], grad_out[:, :, rows]
@@ -177,16 +182,20 @@ class BiasedAttention(torch.autograd.Function):
             grad_q[:, :, rows] = (grad_scores @ kc).mul_(scale)
             grad_k[:, :, keys] += (grad_scores.transpose(-2, -1) @ qc).mul_(scale)
             grad_v[:, :, keys] += probs.transpose(-2, -1) @ dout
-            grad_mask[:, :, rows, keys] = grad_scores
+            grad_mask[:, :, rows, keys] = (grad_scores.sum(broadcast, keepdim=True) if broadcast
+                                           else grad_scores)
         return grad_q, grad_k, grad_v, grad_mask, None
+
+
+def _causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
 
 
 @functools.lru_cache(maxsize=8)
 def _causal_block_mask(T: int, device: str):
     from torch.nn.attention.flex_attention import create_block_mask
 
-    return create_block_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, None, None, T, T,
-                             device=device)
+    return create_block_mask(_causal, None, None, T, T, device=device)
 
 
 @functools.lru_cache(maxsize=1)
@@ -197,5 +206,12 @@ def _compiled_flex():
 
 
 def flex_attention(q, k, v, score_mod):
-    mask = _causal_block_mask(q.shape[2], str(q.device))
+    from torch.nn.attention.flex_attention import create_block_mask
+    from torch.nn.attention.flex_attention import flex_attention as flex
+
+    T = q.shape[2]
+    if torch.compiler.is_compiling():  # in train.compile's graph: traced into it, no caches
+        mask = create_block_mask(_causal, None, None, T, T, device=q.device)
+        return flex(q, k, v, score_mod=score_mod, block_mask=mask)
+    mask = _causal_block_mask(T, str(q.device))
     return _compiled_flex()(q, k, v, score_mod=score_mod, block_mask=mask)

@@ -121,6 +121,18 @@ def test_flex_attention_forward_on_cpu(name):
                                    .float(), rtol=1e-5, atol=1e-5)
 
 
+def test_flex_attention_inside_an_outer_compile():
+    """train.compile=true compiles the model around the attention: flex is traced into that
+    graph rather than called through its own compiled, cached wrapper."""
+    q, k, v = (x.detach() for x in inputs(dtype=torch.float32))
+    enc = encoding("alibi").float()
+    fn = enc.score_mod(q, k, positions(True), 0)
+    compiled = torch.compile(lambda q, k, v: attention.flex_attention(q, k, v, fn), dynamic=False)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(q, k, v), dense_reference(q, k, v, fn),
+                                   rtol=1e-5, atol=1e-5)
+
+
 class LargestTensor(TorchDispatchMode):
     """Records the largest tensor any op produces."""
 
