@@ -166,7 +166,8 @@ class BiasedAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, mask, out = ctx.saved_tensors
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # once, not in every matmul
+        # contiguous once: a strided operand makes CPU bmm copy it matrix by matrix
+        q, k, v, grad_out = (t.contiguous() for t in (q, k, v, grad_out))
         scale = 1 / math.sqrt(q.shape[-1])
         row_dot = (grad_out * out).sum(-1, keepdim=True)  # rowsum(dO * O)
         grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -175,7 +176,8 @@ class BiasedAttention(torch.autograd.Function):
         broadcast = [i for i in (0, 1) if mask.shape[i] == 1 and q.shape[i] > 1]
         for i in range(0, q.shape[2], BACKWARD_ROWS):
             rows, keys = slice(i, i + BACKWARD_ROWS), slice(0, ctx.start + i + BACKWARD_ROWS)
-            qc, kc, vc, dout = q[:, :, rows], k[:, :, keys], v[:, :, keys], grad_out[:, :, rows]
+            qc, dout = q[:, :, rows].contiguous(), grad_out[:, :, rows].contiguous()
+            kc, vc = k[:, :, keys], v[:, :, keys]  # prefixes: contiguous batch by batch
             probs = (qc @ kc.transpose(-2, -1)).mul_(scale).add_(mask[:, :, rows, keys]).softmax(-1)
             # dS = P * (dP - rowsum(dO * O)) with dP = dO v^T; it is also the mask's gradient
             grad_scores = (dout @ vc.transpose(-2, -1)).sub_(row_dot[:, :, rows]).mul_(probs)

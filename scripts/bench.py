@@ -6,8 +6,9 @@ Per encoding: training tokens/s and median step time (AdamW step included), peak
 eval time and peak memory per length (one window of each length, batch 1); on CUDA also MFU
 against the device's dense bf16 peak. With x-transformers installed (`pip install -e .[peers]`),
 the same measurements run for its equivalent model and for a minimal nanoGPT-style baseline
-written below, at the same shape (layers, heads, width, vocabulary, tied embeddings), batch,
-sequence, dtype and threads, and the table prints posbench's ratios to them.
+written below (with RoPE and with no positional encoding), at the same shape (layers, heads,
+width, vocabulary, tied embeddings), batch, sequence, dtype and threads, and the table prints
+posbench's ratios to them.
 
 Training speed is measured in this process, contenders interleaved step block by step block, so
 that a shared machine's load hits all of them alike; the median over repeats is reported. Memory
@@ -299,8 +300,8 @@ def fmt_case(r: dict) -> str:
 
 
 # ------------------------------------------------------------------ report
-def ratio(a: Optional[float], b: Optional[float]) -> str:
-    return f"{a / b:.2f}x" if a and b else "-"
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x"
 
 
 def print_table(cs: List[Contender], speed: dict, mem: dict, args) -> None:
@@ -318,7 +319,8 @@ def print_speed(cs: List[Contender], speed: dict, mem: dict, args) -> None:
     print(f"\ntraining: model={args.model} batch={args.batch_size} seq_len={args.seq_len} "
           f"device={args.device} threads={torch.get_num_threads()} (median of {args.repeats})")
     head = f"{'contender':24s} {'params':>9s} {'tok/s':>9s} {'step ms':>8s} {'peak MiB':>9s}"
-    print(head + ("    MFU" if args.device == "cuda" else "") + "  vs x-transformers  vs baseline")
+    print(head + ("    MFU" if args.device == "cuda" else "")
+          + "  vs x-transformers  vs baseline:rope  vs baseline:nope")
     for c in cs:
         s, m = speed[c], mem.get((c, "train", args.seq_len), {"status": "-"})
         peak = f"{m['peak_mb']:.0f}" if m["status"] == "ok" else m["status"]
@@ -327,10 +329,12 @@ def print_speed(cs: List[Contender], speed: dict, mem: dict, args) -> None:
         if args.device == "cuda":
             line += f"  {100 * s['mfu']:4.1f}%" if "mfu" in s else "      -"
         if c.impl == "posbench":
-            xt = speed.get(Contender("x-transformers", c.encoding))
-            base = speed.get(Contender("baseline", "rope" if c.encoding == "rope" else "nope"))
-            line += (f"  {ratio(s['tokens_per_s'], xt and xt['tokens_per_s']):>17s}"
-                     f"  {ratio(s['tokens_per_s'], base and base['tokens_per_s']):>11s}")
+            for peer, width in ((Contender("x-transformers", c.encoding), 17),
+                                (Contender("baseline", "rope"), 16),
+                                (Contender("baseline", "nope"), 16)):
+                tps = speed[peer]["tokens_per_s"] if peer in speed else None
+                cell = ratio(s["tokens_per_s"], tps) if tps else "-"
+                line += f"  {cell:>{width}s}"
         print(line)
 
 
