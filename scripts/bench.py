@@ -6,7 +6,8 @@ Per encoding: training tokens/s and median step time (AdamW step included), peak
 eval time and peak memory per length (one window of each length, batch 1); on CUDA also MFU
 against the device's dense bf16 peak. With x-transformers installed (`pip install -e .[peers]`),
 the same measurements run for its equivalent model and for a minimal nanoGPT-style baseline
-written below (with RoPE and with no positional encoding), at the same shape (layers, heads,
+written below (with no positional encoding, and with RoPE, ALiBi and T5 bias written in the
+obvious way), at the same shape (layers, heads,
 width, vocabulary, tied embeddings), batch, sequence, dtype and threads, and the table prints
 posbench's ratios to them.
 
@@ -36,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import posbench
+from posbench.encodings.t5 import t5_bucket
 from posbench.train import make_optimizer
 
 VOCAB = 256  # posbench's byte-level default
@@ -47,19 +49,39 @@ XT_FLAGS = {"rope": "rotary_pos_emb", "alibi": "alibi_pos_bias", "t5": "rel_pos_
 
 
 # ------------------------------------------------------------------ the nanoGPT-style baseline
+# encodings the baseline writes out the obvious way, for the cost of posbench's generality
+BASELINE_ENCODINGS = ("nope", "rope", "alibi", "t5")
+
+
 class BaselineAttention(nn.Module):
-    def __init__(self, d_model: int, n_head: int, rope: bool):
+    """nanoGPT's attention with one encoding hard-wired: RoPE rotates q and k; ALiBi and T5 add
+    their (H, T, T) bias as SDPA's float mask, built in each forward as their reference code
+    does."""
+
+    def __init__(self, d_model: int, n_head: int, encoding: str, t5_bias: Optional[nn.Parameter]):
         super().__init__()
-        self.n_head, self.rope = n_head, rope
+        self.n_head, self.encoding, self.t5_bias = n_head, encoding, t5_bias
         self.c_attn = nn.Linear(d_model, 3 * d_model, bias=False)
         self.c_proj = nn.Linear(d_model, d_model, bias=False)
+        if encoding == "alibi":  # 2^(-8h/H), h = 1..H
+            slopes = 2.0 ** (-8.0 * torch.arange(1, n_head + 1) / n_head)
+            self.register_buffer("slopes", slopes.view(n_head, 1, 1), persistent=False)
 
     def forward(self, x):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
-        if self.rope:
+        if self.encoding == "rope":
             q, k = rotary(q), rotary(k)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.encoding in ("alibi", "t5"):
+            lag = torch.arange(T, device=x.device).view(T, 1) - torch.arange(T, device=x.device)
+            if self.encoding == "alibi":
+                bias = -self.slopes * lag
+            else:
+                bias = self.t5_bias[t5_bucket(lag, 32, 128)].permute(2, 0, 1)
+            bias = bias.masked_fill(lag < 0, float("-inf")).to(q.dtype)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
 
 
@@ -74,10 +96,10 @@ def rotary(x, base: float = 10000.0):
 
 
 class BaselineBlock(nn.Module):
-    def __init__(self, d_model: int, n_head: int, rope: bool):
+    def __init__(self, d_model: int, n_head: int, encoding: str, t5_bias):
         super().__init__()
         self.ln_1, self.ln_2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
-        self.attn = BaselineAttention(d_model, n_head, rope)
+        self.attn = BaselineAttention(d_model, n_head, encoding, t5_bias)
         self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model, bias=False), nn.GELU(),
                                  nn.Linear(4 * d_model, d_model, bias=False))
 
@@ -87,12 +109,15 @@ class BaselineBlock(nn.Module):
 
 
 class BaselineGPT(nn.Module):
-    """nanoGPT's model with RoPE or no positional encoding: the fastest plain reference."""
+    """nanoGPT's model with one encoding written in: the plain reference for each."""
 
-    def __init__(self, n_layer: int, n_head: int, d_model: int, rope: bool):
+    def __init__(self, n_layer: int, n_head: int, d_model: int, encoding: str):
         super().__init__()
         self.wte = nn.Embedding(VOCAB, d_model)
-        self.blocks = nn.Sequential(*(BaselineBlock(d_model, n_head, rope) for _ in range(n_layer)))
+        # T5's 32 buckets x H, shared by all layers as in posbench
+        self.t5_bias = nn.Parameter(torch.zeros(32, n_head)) if encoding == "t5" else None
+        self.blocks = nn.Sequential(*(BaselineBlock(d_model, n_head, encoding, self.t5_bias)
+                                      for _ in range(n_layer)))
         self.ln_f = nn.LayerNorm(d_model)
         self.lm_head = nn.Linear(d_model, VOCAB, bias=False)
         self.lm_head.weight = self.wte.weight
@@ -105,7 +130,7 @@ class BaselineGPT(nn.Module):
 @dataclass(frozen=True)
 class Contender:
     impl: str      # posbench | x-transformers | baseline
-    encoding: str  # posbench's name; the baseline's is rope or nope
+    encoding: str  # posbench's name; the baseline's is one of BASELINE_ENCODINGS
 
     @property
     def label(self) -> str:
@@ -116,7 +141,8 @@ def contenders(encodings: List[str], peers: bool) -> List[Contender]:
     out = [Contender("posbench", e) for e in encodings]
     if peers:
         out += [Contender("x-transformers", e) for e in encodings if e in XT_FLAGS]
-        out += [Contender("baseline", e) for e in ("rope", "nope")]
+        out += [Contender("baseline", e) for e in BASELINE_ENCODINGS
+                if e in encodings or e == "nope"]
     return out
 
 
@@ -133,7 +159,7 @@ def build(c: Contender, args, max_len: int) -> nn.Module:
                                 f"train.seq_len={args.seq_len}", f"eval.lengths=[{max_len}]"])
         return posbench.build_model(cfg, VOCAB)
     if c.impl == "baseline":
-        return BaselineGPT(n_layer, n_head, d_model, rope=c.encoding == "rope")
+        return BaselineGPT(n_layer, n_head, d_model, c.encoding)
     from x_transformers import Decoder, TransformerWrapper
 
     head_dim = d_model // n_head  # rotary on the whole head, as posbench (x-transformers: half)
@@ -320,7 +346,7 @@ def print_speed(cs: List[Contender], speed: dict, mem: dict, args) -> None:
           f"device={args.device} threads={torch.get_num_threads()} (median of {args.repeats})")
     head = f"{'contender':24s} {'params':>9s} {'tok/s':>9s} {'step ms':>8s} {'peak MiB':>9s}"
     print(head + ("    MFU" if args.device == "cuda" else "")
-          + "  vs x-transformers  vs baseline:rope  vs baseline:nope")
+          + "  vs x-transformers  vs baseline (same)  vs baseline:nope")
     for c in cs:
         s, m = speed[c], mem.get((c, "train", args.seq_len), {"status": "-"})
         peak = f"{m['peak_mb']:.0f}" if m["status"] == "ok" else m["status"]
@@ -330,7 +356,7 @@ def print_speed(cs: List[Contender], speed: dict, mem: dict, args) -> None:
             line += f"  {100 * s['mfu']:4.1f}%" if "mfu" in s else "      -"
         if c.impl == "posbench":
             for peer, width in ((Contender("x-transformers", c.encoding), 17),
-                                (Contender("baseline", "rope"), 16),
+                                (Contender("baseline", c.encoding), 18),
                                 (Contender("baseline", "nope"), 16)):
                 tps = speed[peer]["tokens_per_s"] if peer in speed else None
                 cell = ratio(s["tokens_per_s"], tps) if tps else "-"

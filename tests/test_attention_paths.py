@@ -14,6 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import posbench
 import posbench.attention as attention
 from posbench.attention import attend, blockwise_attention
+from posbench.encodings import registry
 
 B, H, T, D = 3, 4, 50, 8
 
@@ -26,6 +27,10 @@ def encoding(name):
     for p in enc.parameters():  # learned biases start at zero: make them matter
         torch.nn.init.normal_(p)
     return enc
+
+
+# every encoding that declares its score_mod additive, so the CPU path fuses it as a float mask
+ADDITIVE = [name for name in sorted(registry()) if encoding(name).additive_score_mod]
 
 
 def inputs(seed=0, dtype=torch.float64):
@@ -56,10 +61,14 @@ def assert_same_with_grads(out, ref, wrt, rtol=1e-10, atol=1e-10):
     torch.testing.assert_close(out, ref, rtol=rtol, atol=atol)
     probe = torch.randn_like(ref)  # a generic output gradient
     # retain: a score_mod may build tables once, shared by both graphs
-    grads = torch.autograd.grad((out * probe).sum(), wrt, retain_graph=True)
-    ref_grads = torch.autograd.grad((ref * probe).sum(), wrt)
+    # unused: another layer's parameters (FIRE, Transformer-XL's W_R), None on both sides
+    grads = torch.autograd.grad((out * probe).sum(), wrt, retain_graph=True, allow_unused=True)
+    ref_grads = torch.autograd.grad((ref * probe).sum(), wrt, allow_unused=True)
+    assert any(g is not None for g in grads[3:]) or len(wrt) == 3
     for g, r in zip(grads, ref_grads):
-        torch.testing.assert_close(g, r, rtol=rtol, atol=atol)
+        assert (g is None) == (r is None)
+        if g is not None:
+            torch.testing.assert_close(g, r, rtol=rtol, atol=atol)
 
 
 def test_sdpa_path_forward_and_backward():
@@ -72,7 +81,7 @@ def test_sdpa_path_forward_and_backward():
 @pytest.mark.parametrize("blocks", ["one", "several"])
 @pytest.mark.parametrize("additive", [False, True], ids=["dense-scores", "sdpa-mask"])
 @pytest.mark.parametrize("shared", [True, False], ids=["shared-pos", "per-row-pos"])
-@pytest.mark.parametrize("name", ["alibi", "t5"])
+@pytest.mark.parametrize("name", ADDITIVE)
 def test_blockwise_paths_forward_and_backward(name, shared, additive, blocks, monkeypatch):
     if blocks == "several":  # rows of 16: four blocks, each checkpointed
         monkeypatch.setattr(attention, "BLOCK_ELEMENTS", B * H * T * 16)
@@ -84,7 +93,27 @@ def test_blockwise_paths_forward_and_backward(name, shared, additive, blocks, mo
     assert_same_with_grads(out, dense_reference(q, k, v, fn), (q, k, v, *enc.parameters()))
 
 
-@pytest.mark.parametrize("name", ["alibi", "t5"])
+@pytest.mark.parametrize("name", ADDITIVE)
+def test_additive_score_mod_adds_a_bias_that_ignores_the_score(name):
+    """The flag's promise: score_mod(s) = s + score_mod(0) for any s, so that the bias can be
+    evaluated once on zeros."""
+    q, k, v = inputs()
+    fn = encoding(name).score_mod(q, k, positions(False), 1)
+    b, h = torch.arange(B).view(B, 1, 1, 1), torch.arange(H).view(1, H, 1, 1)
+    q_idx, kv_idx = torch.arange(T).view(1, 1, T, 1), torch.arange(T).view(1, 1, 1, T)
+    scores = torch.randn(B, H, T, T, dtype=torch.float64) * 10
+    bias = fn(torch.zeros((), dtype=torch.float64), b, h, q_idx, kv_idx)
+    assert bias.abs().amax() > 0
+    torch.testing.assert_close(fn(scores, b, h, q_idx, kv_idx), scores + bias)
+
+
+def test_the_additive_encodings_are_the_bias_family():
+    assert {"alibi", "t5", "kerple_log", "kerple_power", "sandwich", "fire", "transformer_xl",
+            "alibi_as_group"} <= set(ADDITIVE)
+    assert not {"decay", "damped_rope", "da_transformer"} & set(ADDITIVE)
+
+
+@pytest.mark.parametrize("name", ADDITIVE)
 def test_additive_encodings_take_the_sdpa_mask_path(name, monkeypatch):
     def dense_path(*args, **kwargs):
         raise AssertionError("an additive score_mod reached the dense-scores block")

@@ -57,6 +57,7 @@ class FireMLP(nn.Module):
 @register("fire", "learned MLP of log-lag over log of the query's span (progressive interpolation)")
 class FIRE(PositionalEncoding):
     family = "bias"
+    additive_score_mod = True
     relative = True
     past_train_len = "interpolates: lag/span maps every query into [0,1] at any length"
     reference = ("Functional Interpolation for Relative Positions Improves Long Context "

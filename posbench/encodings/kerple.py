@@ -45,6 +45,7 @@ def _clamp_after_step(module_ref):
 
 class Kerple(PositionalEncoding):
     family = "bias"
+    additive_score_mod = True
     relative = True
     past_train_len = "a learned decay defined at every lag (log: slow, power: polynomial)"
     reference = ("KERPLE: Kernelized Relative Positional Embedding for Length Extrapolation "

@@ -36,6 +36,7 @@ def lag_scores(q: torch.Tensor, v: torch.Tensor, w_r: torch.Tensor, n_lags: int)
 @register("transformer_xl", "Transformer-XL's four terms: content and sinusoid-lag keys, u and v")
 class TransformerXL(PositionalEncoding):
     family = "bias"
+    additive_score_mod = True
     relative = True
     past_train_len = "R_lag is defined at every lag, but W_R, v were trained only on lags < L"
     reference = ("Transformer-XL: Attentive Language Models Beyond a Fixed-Length Context "
