@@ -179,15 +179,16 @@ class LargestTensor(TorchDispatchMode):
 
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
 @pytest.mark.parametrize("additive", [False, True], ids=["dense-scores", "sdpa-mask"])
-def test_blockwise_memory_grows_with_length_not_its_square(additive, train, monkeypatch):
+@pytest.mark.parametrize("name", ["t5", "transformer_xl"])
+def test_blockwise_memory_grows_with_length_not_its_square(name, additive, train, monkeypatch):
     """Blocks of 64 query rows at T = 1024: no tensor holds more than a block's scores (1/16 of
-    the full H x T x T), and in training the graph keeps only the blocks' inputs (checkpoint)."""
-    n, heads = 1024, 2
-    block = heads * n * 64
+    the full H x T x T), and in training the graph keeps only the blocks' inputs (checkpoint).
+    Transformer-XL's lag terms are per query row and lag, T^2 unless built block by block."""
+    n = 1024
+    block = H * n * 64
     monkeypatch.setattr(attention, "BLOCK_ELEMENTS", block)
-    q, k, v = (torch.randn(1, heads, n, D, requires_grad=train) for _ in range(3))
-    enc = encoding("t5").float()
-    fn = enc.score_mod(q, k, torch.arange(n).expand(1, n), 0)
+    q, k, v = (torch.randn(1, H, n, D, requires_grad=train) for _ in range(3))
+    enc = encoding(name).float()
     saved = {}  # storages kept for backward (views of q, k, v share theirs)
 
     def keep(t):
@@ -196,6 +197,7 @@ def test_blockwise_memory_grows_with_length_not_its_square(additive, train, monk
 
     with LargestTensor() as largest, torch.set_grad_enabled(train):
         with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            fn = enc.score_mod(q, k, torch.arange(n).expand(1, n), 0)  # its tables count too
             out = blockwise_attention(q, k, v, fn, additive=additive)
         if train:
             out.sum().backward()

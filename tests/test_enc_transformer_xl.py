@@ -7,7 +7,8 @@ import torch
 import posbench
 import posbench.attention as attention
 from posbench.attention import attend, blockwise_attention
-from posbench.encodings.transformer_xl import lag_scores
+from posbench.encodings import transformer_xl
+from posbench.encodings.transformer_xl import lag_keys
 
 
 def build(*extra):
@@ -61,7 +62,7 @@ def test_gather_equals_rel_shift_and_direct_computation_over_lags():
     torch.testing.assert_close(logits[..., causal], expected[..., causal], rtol=0, atol=1e-6)
 
     # the reference's trick: (b)+(d) for lags T-1..0, then the relative shift
-    by_lag = lag_scores(q, v.view(H, d), w_r, T)
+    by_lag = (q + v.view(1, H, 1, d)) @ lag_keys(w_r, T, H).transpose(-1, -2)
     shifted = rel_shift(by_lag.flip(-1))
     gathered = by_lag.gather(-1, lag.clamp(min=0).expand(B, H, T, T))
     torch.testing.assert_close(shifted[..., causal], gathered[..., causal], rtol=0, atol=1e-6)
@@ -109,7 +110,9 @@ def test_blockwise_path_matches_dense_float64_reference(monkeypatch):
         torch.testing.assert_close(g, r.to(g.dtype), rtol=1e-4, atol=1e-5)
 
 
-def test_compiled_flex_attention_matches_blockwise():
+def test_compiled_flex_attention_on_the_whole_table_matches_blockwise(monkeypatch):
+    """The CUDA form (every row's lag table, looked up per score) run through FlexAttention on
+    CPU, against the CPU form (a block's rows at a time) on the blockwise path."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     enc = build().encoding
@@ -119,9 +122,14 @@ def test_compiled_flex_attention_matches_blockwise():
     pos = (torch.arange(T) + 5).expand(B, T)
     mask = create_block_mask(lambda b, h, i, j: i >= j, None, None, T, T, device="cpu")
     with torch.no_grad():  # FlexAttention has no backward on CPU
-        fn = enc.score_mod(q, k, pos, 0)
-        flex = torch.compile(flex_attention, dynamic=False)(q, k, v, score_mod=fn, block_mask=mask)
-        torch.testing.assert_close(flex, blockwise_attention(q, k, v, fn), rtol=1e-5, atol=1e-5)
+        by_block = enc.score_mod(q, k, pos, 0)
+        monkeypatch.setattr(transformer_xl, "whole_table", lambda q: True)
+        whole = enc.score_mod(q, k, pos, 0)
+        flex = torch.compile(flex_attention, dynamic=False)(q, k, v, score_mod=whole,
+                                                            block_mask=mask)
+        monkeypatch.setattr(attention, "BLOCK_ELEMENTS", B * H * T * 8)  # four blocks
+        torch.testing.assert_close(flex, blockwise_attention(q, k, v, by_block, additive=True),
+                                   rtol=1e-5, atol=1e-5)
 
 
 def test_shift_leaves_model_logits_unchanged():

@@ -2,10 +2,11 @@
 
 A_ij = (q_i + u).k_j + (q_i + v).W_R R_{i-j}, then / sqrt(d); q.k is the attention's own score.
 R_lag = [sin(lag w), cos(lag w)] (w_f = 10000^(-2f/D)) is fixed; W_R is per layer; u and v are
-shared by all layers (kimiyoung/transformer-xl without --untie_r). Terms (b)+(d) are computed once
-per lag that occurs, (B, H, T, lags), and gathered at lag = pos_i - pos_j: the same numbers as the
-reference's "relative shift" of its (T, lags) matrix, for any position ids. Like that matrix it
-holds B*H*T*lags numbers, so this encoding's memory grows with T^2.
+shared by all layers (kimiyoung/transformer-xl without --untie_r). Terms (b)+(d) are computed per
+query row and lag that occurs, (B, H, rows, lags), and gathered at lag = pos_i - pos_j: the same
+numbers as the reference's "relative shift" of its (T, lags) matrix, for any position ids.
+On CPU they are computed for one block of query rows at a time, so memory grows with T; on CUDA,
+FlexAttention looks each score up in the whole table, B*H*T*lags numbers, T^2 like the reference.
 """
 import math
 from dataclasses import dataclass
@@ -24,13 +25,16 @@ def relative_sinusoids(lags: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat((angles.sin(), angles.cos()), dim=-1)
 
 
-def lag_scores(q: torch.Tensor, v: torch.Tensor, w_r: torch.Tensor, n_lags: int) -> torch.Tensor:
-    """Terms (b)+(d) unscaled, (q_i + v).W_R R_lag for lag = 0..n_lags-1: (B, H, T, n_lags).
-    q (B, H, T, d), v (H, d), w_r (H*d, D), all of one dtype."""
-    H, d = v.shape
-    r = relative_sinusoids(torch.arange(n_lags, device=q.device), w_r.shape[1]).to(q.dtype)
-    keys = (r @ w_r.T).view(n_lags, H, d).transpose(0, 1)  # W_R R_lag per head, (H, n_lags, d)
-    return (q + v.unsqueeze(1)) @ keys.transpose(-1, -2)
+def lag_keys(w_r: torch.Tensor, n_lags: int, n_head: int) -> torch.Tensor:
+    """W_R R_lag per head for lag = 0..n_lags-1, (H, n_lags, d), in w_r's dtype; w_r (H*d, D)."""
+    r = relative_sinusoids(torch.arange(n_lags, device=w_r.device), w_r.shape[1]).to(w_r.dtype)
+    return (r @ w_r.T).view(n_lags, n_head, -1).transpose(0, 1)
+
+
+def whole_table(q: torch.Tensor) -> bool:
+    """Whether terms (b)+(d) are built for every query row at once: FlexAttention (CUDA) looks
+    its scores up one by one; the CPU paths ask for a block of query rows at a time."""
+    return q.is_cuda
 
 
 @register("transformer_xl", "Transformer-XL's four terms: content and sinusoid-lag keys, u and v")
@@ -68,11 +72,18 @@ class TransformerXL(PositionalEncoding):
         scale = 1 / math.sqrt(d)
         key_bias = (k.to(dtype) @ u.unsqueeze(-1)).squeeze(-1) * scale  # term (c), (B, H, T)
         n_lags = int((pos.amax(1) - pos.amin(1)).max()) + 1  # lags occur within a sequence only
-        position = lag_scores(q.to(dtype), v, self.w_r[layer].to(dtype), n_lags) * scale
+        keys = lag_keys(self.w_r[layer].to(dtype), n_lags, H).transpose(-1, -2)  # (H, d, lags)
+        queries = (q.to(dtype) + v.unsqueeze(1)) * scale  # (q_i + v) / sqrt(d), (B, H, T, d)
+        table = queries @ keys if whole_table(q) else None  # (B, H, T, lags)
 
         def transformer_xl(score, b, h, q_idx, kv_idx):
             # future keys (negative lag) are masked afterwards; clamp keeps the index valid
             lag = (pos[b, q_idx] - pos[b, kv_idx]).clamp(min=0)
-            return score + key_bias[b, h, kv_idx] + position[b, h, q_idx, lag]
+            if table is not None:
+                position = table[b, h, q_idx, lag]
+            else:  # q_idx is a column of query rows, (1, 1, rows, 1): only those rows' lags
+                by_lag = queries[:, :, q_idx.flatten()] @ keys  # (B, H, rows, lags)
+                position = by_lag.gather(-1, lag.expand(*by_lag.shape[:-1], lag.shape[-1]))
+            return score + key_bias[b, h, kv_idx] + position
 
         return transformer_xl
