@@ -250,3 +250,6 @@ def main() -> None:
                               "inspect, report, list")
     except ConfigError as err:
         fail(err)
+    except KeyboardInterrupt as err:  # Ctrl-C: one line (a started run says what it kept)
+        print(f"posbench: interrupted{': ' + str(err) if str(err) else ''}", file=sys.stderr)
+        sys.exit(130)

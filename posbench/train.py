@@ -46,6 +46,10 @@ class RunFailed(Exception):
     """The run started but did not finish; its results.json says status failed and why."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a started run, after its results.json recorded where it stopped."""
+
+
 @dataclass
 class Start:
     """A run whose config and run dir were accepted, before anything is written."""
@@ -300,7 +304,8 @@ def fit(cfg: DictConfig, start: Start, run_dir: Path, logger, progress: Progress
 
 
 def one_line(err: BaseException) -> str:
-    return f"{type(err).__name__}: " + " ".join(str(err).split())
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def record_failure(cfg: DictConfig, start: Start, run_dir: Path, progress: Progress,
@@ -336,7 +341,8 @@ def train(cfg: DictConfig, run_dir: Path, group: str, name: str,
     for tmp in run_dir.glob(f".{CHECKPOINT}.*"):  # a checkpoint write cut short by a kill
         if main:
             tmp.unlink()
-    logger = make_logger(cfg, run_dir, name, group, to_container(cfg)) if main else NoLogger()
+    logger = (make_logger(cfg, run_dir, name, group, to_container(cfg), start.state is not None)
+              if main else NoLogger())
     progress = Progress()
     if start.state:
         progress.first = progress.step = progress.saved_step = start.state["step"]
@@ -349,6 +355,8 @@ def train(cfg: DictConfig, run_dir: Path, group: str, name: str,
         write_results(run_dir, record)
     except Exception as err:  # noqa: BLE001 - any failure of a started run is recorded
         raise record_failure(cfg, start, run_dir, progress, err) from err
+    except KeyboardInterrupt as err:  # recorded like a failure, but it stops a sweep too
+        raise Interrupted(str(record_failure(cfg, start, run_dir, progress, err))) from None
     logger.log_curve(curve)
     logger.finish({"final_loss": summary["final_loss"]})
     print_curve(record)

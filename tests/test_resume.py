@@ -1,6 +1,7 @@
-"""Crash safety through the `posbench` command: a run killed with SIGKILL resumes bit for bit,
-finished runs are skipped, failed ones resumed, a sweep goes on past a failing job, and a bad run
-dir or a full disk is refused in one line with nothing overwritten."""
+"""Crash safety through the `posbench` command: a run killed with SIGKILL or stopped with Ctrl-C
+resumes bit for bit (and continues its wandb run), finished runs are skipped, failed ones
+resumed, a sweep goes on past a failing job, and a bad run dir or a full disk is refused in one
+line with nothing overwritten."""
 import json
 import os
 import random
@@ -99,6 +100,55 @@ def test_a_run_killed_at_a_random_step_resumes_bit_for_bit(finished, tmp_path):
     assert record["train"]["resumed_from_step"] == killed_at > 0
     same_training(record, results(finished))
     assert not list(run_dir.glob(".*.*")), "a temporary file was left behind"
+
+
+def interrupted_after_a_checkpoint(args, run_dir, cwd):
+    """`posbench train` stopped with Ctrl-C (SIGINT) once it saved a checkpoint: its output."""
+    proc = subprocess.Popen([POSBENCH, "train", *args, f"hydra.run.dir={run_dir}"], cwd=cwd,
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (run_dir / "checkpoint.pt").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    return out, err
+
+
+def test_ctrl_c_says_what_it_kept_in_one_line_and_the_run_resumes(finished, tmp_path):
+    run_dir = tmp_path / "run"
+    out, err = interrupted_after_a_checkpoint(RUN, run_dir, tmp_path)
+    assert "Traceback" not in out + err
+    (line,) = [line for line in err.splitlines() if line.startswith("posbench: interrupted")]
+    record = results(run_dir)
+    assert record["status"] == "failed" and record["error"] == "KeyboardInterrupt"
+    kept = record["train"]["checkpoint_step"]
+    assert f"its checkpoint at step {kept} is kept" in line and str(run_dir) in line
+    assert load_checkpoint(run_dir / "checkpoint.pt")["step"] == kept > 0
+
+    again = posbench_train([*RUN, f"hydra.run.dir={run_dir}"], tmp_path)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert results(run_dir)["train"]["resumed_from_step"] == kept
+    same_training(results(run_dir), results(finished))
+
+
+def test_a_resumed_run_continues_its_wandb_run(tmp_path):
+    args = [*RUN, "logger=wandb"]
+    interrupted_after_a_checkpoint(args, tmp_path / "run", tmp_path)
+    again = posbench_train([*args, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert again.returncode == 0, again.stderr[-2000:]
+    other = posbench_train([*args, "train.steps=20", f"hydra.run.dir={tmp_path / 'other'}"],
+                           tmp_path)
+    assert other.returncode == 0, other.stderr[-2000:]
+
+    def wandb_ids(run_dir):
+        return [p.name.rsplit("-", 1)[1] for p in (run_dir / "wandb").glob("offline-run-*")]
+
+    run_id = (tmp_path / "run" / "wandb_run_id").read_text()
+    assert wandb_ids(tmp_path / "run") == [run_id, run_id]  # one wandb run, in two sittings
+    assert wandb_ids(tmp_path / "other") == [(tmp_path / "other" / "wandb_run_id").read_text()]
+    assert wandb_ids(tmp_path / "other") != [run_id]
 
 
 def test_a_finished_run_is_skipped_and_a_failed_one_resumed(finished, tmp_path, monkeypatch,
