@@ -4,6 +4,8 @@ import torch.nn.functional as F
 
 import posbench
 
+from helpers import assert_matches_reference
+
 
 def tiny(encoding="rope", *extra):
     cfg = posbench.compose([f"encoding={encoding}", "model.n_layer=2", "model.d_model=64",
@@ -61,11 +63,8 @@ def test_blockwise_path_matches_dense_float64_reference_forward_and_backward():
     finally:
         attention.BLOCK_ELEMENTS = old
     ref = dense(q, k, v)
-    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
-    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
-    ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v))
-    for g, r in zip(grads, ref_grads):
-        torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-9)
+    assert_matches_reference(out, ref, (q, k, v), rtol=1e-10, atol=1e-10, grad_rtol=1e-9,
+                             grad_atol=1e-9)
 
 
 def test_sdpa_path_matches_dense_reference():
