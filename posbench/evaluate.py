@@ -19,8 +19,13 @@ MAX_BINS = 64  # per-position bins per length
 
 
 def _is_oom(err: BaseException) -> bool:
-    return isinstance(err, torch.cuda.OutOfMemoryError) or (
-        isinstance(err, RuntimeError) and "out of memory" in str(err).lower())
+    """CUDA's OutOfMemoryError, or the CPU allocator's failure (a RuntimeError that says "can't
+    allocate memory")."""
+    if isinstance(err, (torch.cuda.OutOfMemoryError, MemoryError)):
+        return True
+    text = str(err).lower()
+    return isinstance(err, RuntimeError) and ("out of memory" in text
+                                              or "can't allocate memory" in text)
 
 
 @torch.no_grad()
