@@ -18,7 +18,7 @@ from posbench.data.windows import EvalPlan, eval_plan
 MAX_BINS = 64  # per-position bins per length
 
 
-def _is_oom(err: BaseException) -> bool:
+def is_oom(err: BaseException) -> bool:
     """CUDA's OutOfMemoryError, or the CPU allocator's failure (a RuntimeError that says "can't
     allocate memory")."""
     if isinstance(err, (torch.cuda.OutOfMemoryError, MemoryError)):
@@ -45,7 +45,7 @@ def evaluate(model, data, eval_cfg, device: torch.device) -> List[dict]:
             with autocast:
                 curve.append(_score(model, plan, eval_cfg.batch_tokens, device))
         except Exception as err:  # noqa: BLE001 - only out-of-memory is recorded, not hidden
-            if not _is_oom(err):
+            if not is_oom(err):
                 raise
             if device.type == "cuda":
                 torch.cuda.empty_cache()

@@ -38,6 +38,7 @@ from torch import nn
 
 import posbench
 from posbench.encodings.t5 import t5_bucket
+from posbench.evaluate import is_oom
 from posbench.train import make_optimizer
 
 VOCAB = 256  # posbench's byte-level default
@@ -297,8 +298,8 @@ def run_case(c: Contender, mode: str, length: int, args) -> dict:
         sync(device)
         return {"status": "ok", "seconds": time.perf_counter() - start,
                 "peak_mb": peak_memory_mb(device), "start_mb": start_mb}
-    except (MemoryError, RuntimeError) as err:
-        if "memory" not in str(err).lower() and not isinstance(err, MemoryError):
+    except Exception as err:  # noqa: BLE001 - only out-of-memory is recorded, as evaluate does
+        if not is_oom(err):
             raise
         return {"status": "oom"}
 
