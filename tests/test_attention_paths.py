@@ -14,7 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import posbench
 import posbench.attention as attention
 from posbench.attention import attend, blockwise_attention
-from posbench.encodings import registry
+from posbench.encodings import registry, transformer_xl
 
 B, H, T, D = 3, 4, 50, 8
 
@@ -139,15 +139,31 @@ def test_learned_bias_in_a_later_block_starts_at_its_offset():
     assert_same_with_grads(out, ref, (q, k, v, *enc.parameters()))
 
 
-@pytest.mark.parametrize("name", ["alibi", "t5"])
-def test_flex_attention_forward_on_cpu(name):
+# every encoding that takes FlexAttention on CUDA: a score_mod and no row or value hook
+FLEX = [name for name in sorted(registry()) if (lambda e: e.score_mod is not None
+        and e.row_mod is None and e.value_mod is None)(encoding(name))]
+
+
+@pytest.mark.parametrize("name", FLEX)
+def test_flex_attention_forward_on_cpu(name, monkeypatch):
+    """Each score_mod traced and compiled by FlexAttention as on CUDA (forward only: torch has
+    no CPU backward for it), against the dense reference."""
+    monkeypatch.setattr(transformer_xl, "whole_table", lambda q: True)  # its CUDA form
     q, k, v = (x.detach() for x in inputs(dtype=torch.float32))
     enc = encoding(name).float()
-    fn = enc.score_mod(q, k, positions(True), 0)
+    pos = positions(True)
     with torch.no_grad():
+        if enc.rotate is not None:  # the decay presets rotate as well
+            q, k = enc.rotate(q, k, pos, 0)
+        fn = enc.score_mod(q, k, pos, 0)
         out = attention.flex_attention(q, k, v, fn)
         torch.testing.assert_close(out, dense_reference(q.double(), k.double(), v.double(), fn)
                                    .float(), rtol=1e-5, atol=1e-5)
+
+
+def test_flex_covers_the_score_mod_families():
+    assert {"alibi", "t5", "kerple_log", "fire", "sandwich", "transformer_xl", "da_transformer",
+            "decay", "damped_rope"} <= set(FLEX)
 
 
 def test_flex_attention_inside_an_outer_compile():
