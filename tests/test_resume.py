@@ -104,8 +104,11 @@ def test_a_run_killed_at_a_random_step_resumes_bit_for_bit(finished, tmp_path):
 
 def interrupted_after_a_checkpoint(args, run_dir, cwd):
     """`posbench train` stopped with Ctrl-C (SIGINT) once it saved a checkpoint: its output."""
+    # SIGINT back to its default in the child: a shell without job control starts background
+    # jobs (CI, perhaps) with it ignored, and the child would inherit that
     proc = subprocess.Popen([POSBENCH, "train", *args, f"hydra.run.dir={run_dir}"], cwd=cwd,
-                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not (run_dir / "checkpoint.pt").exists():
         assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint appeared"
