@@ -7,9 +7,8 @@ eval time and peak memory per length (one window of each length, batch 1); on CU
 against the device's dense bf16 peak. With x-transformers installed (`pip install -e .[peers]`),
 the same measurements run for its equivalent model and for a minimal nanoGPT-style baseline
 written below (with no positional encoding, and with RoPE, ALiBi and T5 bias written in the
-obvious way), at the same shape (layers, heads,
-width, vocabulary, tied embeddings), batch, sequence, dtype and threads, and the table prints
-posbench's ratios to them.
+obvious way), at the same shape (layers, heads, width, vocabulary, tied embeddings), batch,
+sequence, dtype and threads, and the table prints posbench's ratios to them.
 
 Training speed is measured in this process, contenders interleaved step block by step block, so
 that a shared machine's load hits all of them alike; the median over repeats is reported. Memory
@@ -37,7 +36,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import posbench
-from posbench.encodings.t5 import t5_bucket
+from posbench.encodings.alibi import alibi_slopes
+from posbench.encodings.t5 import T5Bias, t5_bucket
 from posbench.evaluate import is_oom
 from posbench.train import make_optimizer
 
@@ -52,6 +52,7 @@ XT_FLAGS = {"rope": "rotary_pos_emb", "alibi": "alibi_pos_bias", "t5": "rel_pos_
 # ------------------------------------------------------------------ the nanoGPT-style baseline
 # encodings the baseline writes out the obvious way, for the cost of posbench's generality
 BASELINE_ENCODINGS = ("nope", "rope", "alibi", "t5")
+T5 = T5Bias.Config()  # posbench's defaults: the same buckets in the baseline
 
 
 class BaselineAttention(nn.Module):
@@ -64,9 +65,9 @@ class BaselineAttention(nn.Module):
         self.n_head, self.encoding, self.t5_bias = n_head, encoding, t5_bias
         self.c_attn = nn.Linear(d_model, 3 * d_model, bias=False)
         self.c_proj = nn.Linear(d_model, d_model, bias=False)
-        if encoding == "alibi":  # 2^(-8h/H), h = 1..H
-            slopes = 2.0 ** (-8.0 * torch.arange(1, n_head + 1) / n_head)
-            self.register_buffer("slopes", slopes.view(n_head, 1, 1), persistent=False)
+        if encoding == "alibi":
+            slopes = torch.tensor(alibi_slopes(n_head)).view(n_head, 1, 1)
+            self.register_buffer("slopes", slopes, persistent=False)
 
     def forward(self, x):
         B, T, C = x.shape
@@ -78,7 +79,8 @@ class BaselineAttention(nn.Module):
             if self.encoding == "alibi":
                 bias = -self.slopes * lag
             else:
-                bias = self.t5_bias[t5_bucket(lag, 32, 128)].permute(2, 0, 1)
+                buckets = t5_bucket(lag, T5.num_buckets, T5.max_distance)
+                bias = self.t5_bias[buckets].permute(2, 0, 1)
             bias = bias.masked_fill(lag < 0, float("-inf")).to(q.dtype)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
         else:
@@ -115,8 +117,9 @@ class BaselineGPT(nn.Module):
     def __init__(self, n_layer: int, n_head: int, d_model: int, encoding: str):
         super().__init__()
         self.wte = nn.Embedding(VOCAB, d_model)
-        # T5's 32 buckets x H, shared by all layers as in posbench
-        self.t5_bias = nn.Parameter(torch.zeros(32, n_head)) if encoding == "t5" else None
+        # T5's buckets x H, shared by all layers as in posbench
+        self.t5_bias = (nn.Parameter(torch.zeros(T5.num_buckets, n_head)) if encoding == "t5"
+                        else None)
         self.blocks = nn.Sequential(*(BaselineBlock(d_model, n_head, encoding, self.t5_bias)
                                       for _ in range(n_layer)))
         self.ln_f = nn.LayerNorm(d_model)

@@ -30,16 +30,19 @@ def baseline_name(name: str) -> str:
     return name.replace("encoding.bias", "t5_bias")
 
 
-@pytest.mark.parametrize("encoding", ["nope", "rope", "alibi", "t5"])
-def test_baseline_computes_what_posbench_computes(bench, encoding):
+@pytest.mark.parametrize("encoding, shape", [
+    ("nope", []), ("rope", []), ("alibi", []), ("t5", []),
+    ("alibi", ["model.d_model=96", "model.n_head=6"]),  # ALiBi's slopes for H not a power of 2
+])
+def test_baseline_computes_what_posbench_computes(bench, encoding, shape):
     cfg = posbench.compose(["model=tiny", f"encoding={encoding}", "train.seq_len=64",
-                            "eval.lengths=[64]"])
+                            "eval.lengths=[64]", *shape])
     torch.manual_seed(0)
     ours = posbench.build_model(cfg, bench.VOCAB).double()
     for p in ours.encoding.parameters():  # T5's table starts at zero: make it matter
         torch.nn.init.normal_(p)
-    theirs = bench.BaselineGPT(*bench.shape(bench.argparse.Namespace(model="tiny")),
-                               encoding).double()
+    m = cfg.model
+    theirs = bench.BaselineGPT(m.n_layer, m.n_head, m.d_model, encoding).double()
     state = {baseline_name(k): v for k, v in ours.state_dict().items()}
     # T5's one table, which every baseline layer also holds
     state.update({k: state["t5_bias"] for k in theirs.state_dict() if k.endswith(".t5_bias")})
