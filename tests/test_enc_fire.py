@@ -110,11 +110,9 @@ def test_compiled_flex_attention_matches_blockwise():
 def test_shift_leaves_model_logits_unchanged_even_past_the_threshold():
     model = build()
     idx = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(0))
-    base = assert_shift_invariant(model, idx)  # 1000 puts every position past L_thr = 512
+    # 1000 puts every position past L_thr = 512
+    base = assert_shift_invariant(model, idx, per_sequence=True)
     with torch.no_grad():
-        # one offset per sequence: lag tables span one sequence, not the gap between them
-        rows = torch.stack([torch.arange(64), torch.arange(64) + 10**6])
-        assert ((model(idx, pos=rows) - base).abs() <= 1e-5 * base.abs().clamp(min=1)).all()
         assert (model(idx, pos=torch.arange(64) * 2) - base).abs().max() > 1e-4
 
 

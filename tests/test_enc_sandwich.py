@@ -95,11 +95,8 @@ def test_blockwise_path_matches_dense_float64_reference(strides, monkeypatch):
 def test_shift_leaves_model_logits_unchanged():
     model = build()
     idx = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(0))
-    base = assert_shift_invariant(model, idx)
+    base = assert_shift_invariant(model, idx, per_sequence=True)
     with torch.no_grad():
-        # one offset per sequence: lag tables span one sequence, not the gap between them
-        rows = torch.stack([torch.arange(64), torch.arange(64) + 10**6])
-        assert ((model(idx, pos=rows) - base).abs() <= 1e-5 * base.abs().clamp(min=1)).all()
         # not vacuous: other lags give other logits
         assert not torch.allclose(model(idx, pos=torch.arange(64) * 2), base, atol=1e-3)
 

@@ -132,11 +132,8 @@ def test_compiled_flex_attention_on_the_whole_table_matches_blockwise(monkeypatc
 def test_shift_leaves_model_logits_unchanged():
     model = build()
     idx = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(0))
-    base = assert_shift_invariant(model, idx)
+    base = assert_shift_invariant(model, idx, per_sequence=True)
     with torch.no_grad():
-        # one offset per sequence: lag tables span one sequence, not the gap between them
-        rows = torch.stack([torch.arange(64), torch.arange(64) + 10**6])
-        assert ((model(idx, pos=rows) - base).abs() <= 1e-5 * base.abs().clamp(min=1)).all()
         assert (model(idx, pos=torch.arange(64) * 2) - base).abs().max() > 1e-3
 
 
