@@ -5,7 +5,7 @@ from typing import List
 
 import torch
 
-from posbench.encodings.base import EncodingConfig, PositionalEncoding, register
+from posbench.encodings.base import EncodingConfig, PositionalEncoding, relative_lag, register
 
 
 def alibi_slopes(n_head: int) -> List[float]:
@@ -38,11 +38,9 @@ class ALiBi(PositionalEncoding):
         self.register_buffer("slopes", torch.tensor(alibi_slopes(dims.n_head)), persistent=False)
 
     def score_mod(self, q, k, pos, layer):
-        slopes = self.slopes
-        shared = pos.stride(0) == 0  # one position row for the batch: one bias for all rows
+        slopes, lag = self.slopes, relative_lag(pos)
 
         def alibi(score, b, h, q_idx, kv_idx):
-            row = 0 if shared else b
-            return score - slopes[h] * (pos[row, q_idx] - pos[row, kv_idx])
+            return score - slopes[h] * lag(b, q_idx, kv_idx)
 
         return alibi

@@ -16,7 +16,7 @@ and never branch on its name. A hook left as None does nothing:
 - value_mod(probs, pos, layer, q_idx, kv_idx) -> (B, H, Tq, d) added to the attention output
 
 `pos` is always a (B, T) long tensor. `q_idx`/`kv_idx` index the sequence, never positions: read
-positions as pos[b, q_idx].
+positions as pos[b, q_idx], and lags through `relative_lag(pos)`.
 """
 from __future__ import annotations
 
@@ -183,3 +183,18 @@ def positions_for(idx: torch.Tensor, pos: Optional[torch.Tensor]) -> torch.Tenso
     if pos.dim() == 1:
         pos = pos.unsqueeze(0)
     return pos.expand(B, T)
+
+
+def relative_lag(pos: torch.Tensor) -> Callable:
+    """A score_mod's (b, q_idx, kv_idx) -> pos_i - pos_j. A position row shared by the batch (the
+    model's expanded arange, stride 0) is read once, so that the CPU path builds a bias at
+    (1, H, Tq, Tk) rather than (B, H, Tq, Tk)."""
+    if pos.stride(0) == 0:
+        row = pos[0]
+        return lambda b, q_idx, kv_idx: row[q_idx] - row[kv_idx]
+    return lambda b, q_idx, kv_idx: pos[b, q_idx] - pos[b, kv_idx]
+
+
+def longest_lag(pos: torch.Tensor) -> int:
+    """The largest lag that occurs: within a sequence only, never across two (a host sync)."""
+    return int((pos.amax(1) - pos.amin(1)).max())

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from posbench.encodings.base import EncodingConfig, PositionalEncoding, register
+from posbench.encodings.base import EncodingConfig, PositionalEncoding, relative_lag, register
 
 # init is not given by the paper: small random slopes, neutral offsets
 W_INIT_STD = 0.01
@@ -36,12 +36,10 @@ class DATransformer(PositionalEncoding):
                                   for _ in range(dims.n_layer))
 
     def score_mod(self, q, k, pos, layer):
-        w, v = self.w[layer], self.v[layer]
-        shared = pos.stride(0) == 0  # one position row for the batch: one rescale for all rows
+        w, v, lag = self.w[layer], self.v[layer], relative_lag(pos)
 
         def da(score, b, h, q_idx, kv_idx):
-            row = 0 if shared else b
-            distance = (pos[row, q_idx] - pos[row, kv_idx]).abs().to(w.dtype)
+            distance = lag(b, q_idx, kv_idx).abs().to(w.dtype)
             # score = q.k/sqrt(d), so ReLU(score) = ReLU(q.k)/sqrt(d); the mask comes after
             return torch.relu(score) * distance_rescale(w[h] * distance, v[h])
 

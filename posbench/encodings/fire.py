@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from posbench.config import ConfigError
-from posbench.encodings.base import EncodingConfig, PositionalEncoding, register
+from posbench.encodings.base import (EncodingConfig, PositionalEncoding, longest_lag,
+                                    relative_lag, register)
 
 EPS = 1e-6  # added to the normalizer
 
@@ -99,14 +100,14 @@ class FIRE(PositionalEncoding):
         # psi of every lag that occurs and the normalizer of every query, looked up per score:
         # no learned 0-d tensor is captured (FlexAttention's backward fails on those,
         # pytorch/pytorch#145208), and no log is taken per score
-        longest = int((pos.amax(1) - pos.amin(1)).max())  # lags occur within a sequence only
-        psi_lag = psi(torch.arange(longest + 1, device=pos.device), mlp.c)
+        psi_lag = psi(torch.arange(longest_lag(pos) + 1, device=pos.device), mlp.c)
         span = (rows - rows[..., :1]).to(threshold.dtype)
         normalizer = psi(torch.maximum(span, threshold), mlp.c) + EPS
+        lag_of = relative_lag(pos)
 
         def fire(score, b, h, q_idx, kv_idx):
             # future keys (negative lag) are masked afterwards; clamp keeps the index valid
-            lag = (at(rows, b, q_idx) - at(rows, b, kv_idx)).clamp(min=0)
+            lag = lag_of(b, q_idx, kv_idx).clamp(min=0)
             return score + mlp(psi_lag[lag] / at(normalizer, b, q_idx), h)
 
         return fire

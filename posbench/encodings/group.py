@@ -35,7 +35,7 @@ from torch import nn
 
 from posbench.config import ConfigError
 from posbench.encodings.alibi import alibi_slopes
-from posbench.encodings.base import EncodingConfig, PositionalEncoding, register
+from posbench.encodings.base import EncodingConfig, PositionalEncoding, relative_lag, register
 
 FREQUENCIES = ("rope", "retnet", "none")
 DECAYS = ("none", "retnet", "learned")
@@ -241,10 +241,10 @@ class GroupPE(PositionalEncoding):
                 exp_map(k, -t, theta, eps, size))  # G(j) = exp(-j X)
 
     def score_mod(self, q, k, pos, layer):
-        rates, coefficients = self.decay_rates(), self.alibi_coefficients
+        rates, coefficients, lag_of = self.decay_rates(), self.alibi_coefficients, relative_lag(pos)
 
         def group(score, b, h, q_idx, kv_idx):
-            lag = pos[b, q_idx] - pos[b, kv_idx]
+            lag = lag_of(b, q_idx, kv_idx)
             if rates is not None:  # future lags are masked afterwards; clamping keeps them finite
                 score = score * torch.exp(rates[h] * lag.clamp(min=0))
             if coefficients is not None:  # b(Δ) = Σ_r c_r Δ^r by Horner

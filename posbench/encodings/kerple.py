@@ -15,7 +15,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from posbench.config import ConfigError
-from posbench.encodings.base import EncodingConfig, PositionalEncoding, register
+from posbench.encodings.base import EncodingConfig, PositionalEncoding, relative_lag, register
 
 R_MIN = 0.01  # both parameters stay >= R_MIN (chijames/KERPLE eps)
 POWER_R2_MAX = 2.0  # conditional positive definiteness of -|x|^p needs p <= 2
@@ -90,12 +90,11 @@ class Kerple(PositionalEncoding):
         # the kernel defined for values set any other way (log1p(r2 * lag) is NaN for r2 < 0).
         # Inside the range, the only place training visits, this clamp passes gradients unchanged.
         (r1, r2), kernel = self.bounded(), self.cfg.kernel
-        shared = pos.stride(0) == 0  # one position row for the batch: one bias for all rows
+        lag_of = relative_lag(pos)
 
         def kerple(score, b, h, q_idx, kv_idx):
-            row = 0 if shared else b
             # future keys (negative lag) are masked afterwards; clamp keeps the bias finite
-            lag = (pos[row, q_idx] - pos[row, kv_idx]).clamp(min=0).to(r1.dtype)
+            lag = lag_of(b, q_idx, kv_idx).clamp(min=0).to(r1.dtype)
             return score + kerple_bias(lag, r1[h], r2[h], kernel)
 
         return kerple

@@ -5,7 +5,8 @@ from typing import Optional
 import torch
 
 from posbench.config import ConfigError
-from posbench.encodings.base import EncodingConfig, PositionalEncoding, register
+from posbench.encodings.base import (EncodingConfig, PositionalEncoding, longest_lag,
+                                    relative_lag, register)
 
 
 def sandwich_bias(lag: torch.Tensor, dim: int) -> torch.Tensor:
@@ -52,14 +53,12 @@ class Sandwich(PositionalEncoding):
 
     def score_mod(self, q, k, pos, layer):
         # one bias per lag that occurs (within a sequence), built in float64 then cast
-        lags = torch.arange(int((pos.amax(1) - pos.amin(1)).max()) + 1, device=pos.device)
+        lags = torch.arange(longest_lag(pos) + 1, device=pos.device)
         table = sandwich_bias(lags, self.dim).float()
-        scales = self.scales
-        shared = pos.stride(0) == 0  # one position row for the batch: one bias for all rows
+        scales, lag = self.scales, relative_lag(pos)
 
         def sandwich(score, b, h, q_idx, kv_idx):
-            row = 0 if shared else b
             # future keys (negative lag) are masked afterwards; clamp keeps the index valid
-            return score + scales[h] * table[(pos[row, q_idx] - pos[row, kv_idx]).clamp(min=0)]
+            return score + scales[h] * table[lag(b, q_idx, kv_idx).clamp(min=0)]
 
         return sandwich

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from posbench.config import ConfigError
-from posbench.encodings.base import EncodingConfig, PositionalEncoding, register
+from posbench.encodings.base import EncodingConfig, PositionalEncoding, relative_lag, register
 
 
 def clipped_lag(lag: torch.Tensor, k: int) -> torch.Tensor:
@@ -54,17 +54,17 @@ class Shaw(PositionalEncoding):
         dtype = torch.promote_types(q.dtype, torch.float32)
         # q_i.wK[lag]/sqrt(d) for every query and clipped lag: (B, H, T, k+1)
         q_w = q.to(dtype) @ self.w_k[layer].to(dtype).transpose(-1, -2) / math.sqrt(q.shape[-1])
-        clip = self.cfg.k
+        clip, lag = self.cfg.k, relative_lag(pos)
 
         def shaw_keys(score, b, h, q_idx, kv_idx):
-            return score + q_w[b, h, q_idx, clipped_lag(pos[b, q_idx] - pos[b, kv_idx], clip)]
+            return score + q_w[b, h, q_idx, clipped_lag(lag(b, q_idx, kv_idx), clip)]
 
         return shaw_keys
 
     def value_mod(self, probs, pos, layer, q_idx, kv_idx):
         B = probs.shape[0]
         b = torch.arange(B, device=probs.device).view(B, 1, 1, 1)
-        lag = clipped_lag(pos[b, q_idx] - pos[b, kv_idx], self.cfg.k).expand_as(probs)
+        lag = clipped_lag(relative_lag(pos)(b, q_idx, kv_idx), self.cfg.k).expand_as(probs)
         # attention mass on each clipped lag (future keys carry none), (B, H, Tq, k+1)
         mass = probs.new_zeros(*probs.shape[:-1], self.cfg.k + 1).scatter_add_(-1, lag, probs)
         return mass @ self.w_v[layer].to(probs.dtype)

@@ -6,12 +6,12 @@ import torch
 
 from posbench.config import ConfigError
 from posbench.encodings.base import EncodingConfig, PositionalEncoding, register
+from posbench.encodings.rope import rope_inv_freq
 
 
 def sinusoid_table(pos: torch.Tensor, dim: int, base: float) -> torch.Tensor:
     """(..., dim) with sin at even and cos at odd channels; angles in float64 for long positions."""
-    inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float64, device=pos.device) / dim)
-    angles = pos.to(torch.float64).unsqueeze(-1) * inv_freq
+    angles = pos.to(torch.float64).unsqueeze(-1) * rope_inv_freq(dim, base, pos.device)
     return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)[..., :dim]
 
 

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from posbench.config import ConfigError
-from posbench.encodings.base import EncodingConfig, PositionalEncoding, register
+from posbench.encodings.base import EncodingConfig, PositionalEncoding, relative_lag, register
 
 
 def t5_bucket(distance: torch.Tensor, num_buckets: int, max_distance: int) -> torch.Tensor:
@@ -52,10 +52,9 @@ class T5Bias(PositionalEncoding):
         # so one small gather per score replaces the log-bucketing of every (i, j)
         lags = torch.arange(md + 1, device=pos.device)
         table = self.bias[t5_bucket(lags, self.cfg.num_buckets, md)]
-        shared = pos.stride(0) == 0  # one position row for the batch: one bias for all rows
+        lag = relative_lag(pos)
 
         def t5(score, b, h, q_idx, kv_idx):
-            row = 0 if shared else b
-            return score + table[(pos[row, q_idx] - pos[row, kv_idx]).clamp(0, md), h]
+            return score + table[lag(b, q_idx, kv_idx).clamp(0, md), h]
 
         return t5

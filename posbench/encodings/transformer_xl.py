@@ -15,13 +15,14 @@ import torch
 from torch import nn
 
 from posbench.config import ConfigError
-from posbench.encodings.base import EncodingConfig, PositionalEncoding, register
+from posbench.encodings.base import (EncodingConfig, PositionalEncoding, longest_lag,
+                                    relative_lag, register)
+from posbench.encodings.rope import rope_inv_freq
 
 
 def relative_sinusoids(lags: torch.Tensor, dim: int) -> torch.Tensor:
     """R_lag = [sin(lag w), cos(lag w)] concatenated, (n, dim), in float64."""
-    inv_freq = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64, device=lags.device) / dim)
-    angles = lags.to(torch.float64).unsqueeze(-1) * inv_freq
+    angles = lags.to(torch.float64).unsqueeze(-1) * rope_inv_freq(dim, 10000.0, lags.device)
     return torch.cat((angles.sin(), angles.cos()), dim=-1)
 
 
@@ -71,14 +72,15 @@ class TransformerXL(PositionalEncoding):
         u, v = self.u.view(H, d).to(dtype), self.v.view(H, d).to(dtype)
         scale = 1 / math.sqrt(d)
         key_bias = (k.to(dtype) @ u.unsqueeze(-1)).squeeze(-1) * scale  # term (c), (B, H, T)
-        n_lags = int((pos.amax(1) - pos.amin(1)).max()) + 1  # lags occur within a sequence only
+        n_lags = longest_lag(pos) + 1
         keys = lag_keys(self.w_r[layer].to(dtype), n_lags, H).transpose(-1, -2)  # (H, d, lags)
         queries = (q.to(dtype) + v.unsqueeze(1)) * scale  # (q_i + v) / sqrt(d), (B, H, T, d)
         table = queries @ keys if whole_table(q) else None  # (B, H, T, lags)
+        lag_of = relative_lag(pos)
 
         def transformer_xl(score, b, h, q_idx, kv_idx):
             # future keys (negative lag) are masked afterwards; clamp keeps the index valid
-            lag = (pos[b, q_idx] - pos[b, kv_idx]).clamp(min=0)
+            lag = lag_of(b, q_idx, kv_idx).clamp(min=0)
             if table is not None:
                 position = table[b, h, q_idx, lag]
             else:  # q_idx is a column of query rows, (1, 1, rows, 1): only those rows' lags
