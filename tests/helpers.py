@@ -1,5 +1,12 @@
-"""Checks shared by the per-encoding tests (imported as `from helpers import ...`)."""
+"""Checks and runners shared by the tests (imported as `from helpers import ...`)."""
+import json
+import shutil
+import subprocess
+import sys
+
 import torch
+
+from posbench.cli import main
 
 
 def assert_matches_reference(out, ref, inputs, rtol=1e-5, atol=1e-5, grad_rtol=1e-4,
@@ -27,3 +34,29 @@ def assert_shift_invariant(model, idx, offsets=(1, 17, 1000), per_sequence=False
             shifted = model(idx, pos=pos)
             assert ((shifted - base).abs() <= 1e-5 * base.abs().clamp(min=1)).all(), pos[..., 0]
     return base
+
+
+def posbench_cli(*args, cwd, env=None, timeout=600, ok=True, **kwargs):
+    """The installed `posbench ARGS` in a subprocess; with ok, it must exit 0."""
+    proc = subprocess.run([shutil.which("posbench"), *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout, **kwargs)
+    if ok:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def run_in_process(argv, monkeypatch, capsys):
+    """`posbench ARGV` through the console script's own function, in this process."""
+    monkeypatch.setattr(sys, "argv", ["posbench", *argv])
+    try:
+        main()
+        code = 0
+    except SystemExit as exit:
+        code = exit.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, code, out, err)
+
+
+def results(run_dir):
+    """The results.json a run wrote into run_dir."""
+    return json.loads((run_dir / "results.json").read_text())

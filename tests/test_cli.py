@@ -1,22 +1,11 @@
 """End to end through the installed `posbench` command, at toy size."""
 import csv
-import json
-import shutil
-import subprocess
 
 import pytest
 import torch
 
 from posbench.encodings import registry
-
-POSBENCH = shutil.which("posbench")
-
-
-def run(args, cwd, ok=True):
-    proc = subprocess.run([POSBENCH, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
-    if ok:
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
+from helpers import posbench_cli, results
 
 
 def check_results_schema(record):
@@ -31,9 +20,9 @@ def check_results_schema(record):
 
 
 def test_train_writes_every_output(tmp_path, toy):
-    proc = run(["train", *toy, "encoding=alibi", "hydra.run.dir=run"], tmp_path)
+    proc = posbench_cli("train", *toy, "encoding=alibi", "hydra.run.dir=run", cwd=tmp_path)
     run_dir = tmp_path / "run"
-    record = json.loads((run_dir / "results.json").read_text())
+    record = results(run_dir)
     check_results_schema(record)
     assert record["encoding"] == "alibi" and record["status"] == "ok"
     assert record["config"]["train"]["seq_len"] == 32
@@ -46,8 +35,8 @@ def test_train_writes_every_output(tmp_path, toy):
 
 
 def test_multirun_with_seeds_wandb_and_report(tmp_path, toy):
-    run(["train", "-m", *toy, "encoding=nope,alibi", "seed=0,1", "logger=wandb",
-         "hydra.sweep.dir=sweep"], tmp_path)
+    posbench_cli("train", "-m", *toy, "encoding=nope,alibi", "seed=0,1", "logger=wandb",
+                 "hydra.sweep.dir=sweep", cwd=tmp_path)
     sweep = tmp_path / "sweep"
     jobs = sorted(p.parent for p in sweep.rglob("results.json"))
     assert len(jobs) == 4
@@ -59,19 +48,19 @@ def test_multirun_with_seeds_wandb_and_report(tmp_path, toy):
     rows = list(csv.DictReader(open(sweep / "summary.csv")))
     assert {r["label"] for r in rows} == {"nope", "alibi"} and {r["seeds"] for r in rows} == {"2"}
     (sweep / "summary.md").unlink()
-    run(["report", str(sweep)], tmp_path)
+    posbench_cli("report", str(sweep), cwd=tmp_path)
     assert (sweep / "summary.md").read_text() == summary
 
 
 def test_cfg_job_and_help_work_through_the_dispatcher(tmp_path):
-    cfg = run(["train", "encoding=t5", "--cfg", "job"], tmp_path).stdout
+    cfg = posbench_cli("train", "encoding=t5", "--cfg", "job", cwd=tmp_path).stdout
     assert "name: t5" in cfg and "seq_len:" in cfg
-    assert "encoding" in run(["train", "--help"], tmp_path).stdout
+    assert "encoding" in posbench_cli("train", "--help", cwd=tmp_path).stdout
     assert not (tmp_path / "outputs").exists()
 
 
 def test_list_names_every_encoding(tmp_path):
-    out = run(["list"], tmp_path).stdout
+    out = posbench_cli("list", cwd=tmp_path).stdout
     for name in registry():
         assert f"  {name} " in out
 
@@ -102,7 +91,7 @@ BAD = [
 
 @pytest.mark.parametrize("args,needle", BAD, ids=[" ".join(a) for a, _ in BAD])
 def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path, args, needle):
-    proc = run(args, tmp_path, ok=False)
+    proc = posbench_cli(*args, cwd=tmp_path, ok=False)
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr + proc.stdout
     assert needle in proc.stderr
@@ -110,9 +99,10 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path, args, needle):
 
 
 def test_finished_run_dir_is_never_overwritten(tmp_path, toy):
-    run(["train", *toy, "hydra.run.dir=run"], tmp_path)
+    posbench_cli("train", *toy, "hydra.run.dir=run", cwd=tmp_path)
     before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
-    proc = run(["train", *toy, "encoding=alibi", "hydra.run.dir=run"], tmp_path, ok=False)
+    proc = posbench_cli("train", *toy, "encoding=alibi", "hydra.run.dir=run", cwd=tmp_path,
+                        ok=False)
     assert proc.returncode != 0 and "already holds results.json" in proc.stderr
     after = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
     assert before == after

@@ -3,8 +3,6 @@ one-line refusal when the hub cannot be reached. Nothing here touches the networ
 import hashlib
 import json
 import os
-import subprocess
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +15,7 @@ from posbench.config import ConfigError
 from posbench.data import prepare
 from posbench.data.hub import wikitext_articles
 from posbench.data.tokenize import TIKTOKEN_URL, GPT2BPE, _bytes_to_unicode, gpt2_files
+from helpers import posbench_cli
 
 
 def dataset_cfg(tmp_path, *overrides):
@@ -133,9 +132,8 @@ def test_unreachable_hub_is_one_line_naming_the_local_alternative(tmp_path, monk
 
 def test_offline_cli_exits_with_one_line_and_no_traceback(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    proc = subprocess.run([shutil.which("posbench"), "train", "dataset=openwebtext",
-                           "dataset.hub=posbench-tests/absent", "hydra.run.dir=run"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = posbench_cli("train", "dataset=openwebtext", "dataset.hub=posbench-tests/absent",
+                        "hydra.run.dir=run", cwd=tmp_path, env=env, timeout=300, ok=False)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr + proc.stdout
     errors = [line for line in proc.stderr.splitlines() if "error" in line]
     assert len(errors) == 1 and "dataset.path=" in errors[0]

@@ -1,10 +1,11 @@
 """torchrun with 2 CPU processes (gloo) trains what one process trains with the same global batch."""
-import json
 import math
 import os
 import shutil
 import subprocess
 import sys
+
+from helpers import posbench_cli, results
 
 ARGS = ["train", "model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.steps=4",
         "train.batch_size=4", "train.seq_len=32", "train.warmup_steps=1", "eval.lengths=[32,64]",
@@ -14,15 +15,13 @@ ARGS = ["train", "model.n_layer=1", "model.d_model=32", "model.n_head=2", "train
 def test_two_gloo_processes_match_one_process(tmp_path):
     posbench = shutil.which("posbench")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    single = subprocess.run([posbench, *ARGS, "hydra.run.dir=single"], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=600)
-    assert single.returncode == 0, single.stderr[-2000:]
+    posbench_cli(*ARGS, "hydra.run.dir=single", cwd=tmp_path, env=env)
     ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                           "--nproc_per_node=2", "--no-python", posbench, *ARGS, "hydra.run.dir=ddp"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert ddp.returncode == 0, (ddp.stdout + ddp.stderr)[-3000:]
-    one = json.loads((tmp_path / "single" / "results.json").read_text())
-    two = json.loads((tmp_path / "ddp" / "results.json").read_text())
+    one = results(tmp_path / "single")
+    two = results(tmp_path / "ddp")
     assert math.isclose(one["train"]["final_loss"], two["train"]["final_loss"], rel_tol=1e-5)
     for a, b in zip(one["eval"]["curve"], two["eval"]["curve"]):
         assert a["length"] == b["length"] and math.isclose(a["loss"], b["loss"], rel_tol=1e-5)

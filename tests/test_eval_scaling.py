@@ -2,8 +2,6 @@
 rotary encodings, log-n scaling on any encoding; how evaluate() and `posbench eval` apply them."""
 import json
 import math
-import shutil
-import subprocess
 
 import pytest
 import torch
@@ -18,6 +16,7 @@ from posbench.encodings.p_rope import PRoPE
 from posbench.encodings.rope import RoPE, apply_rotary, rope_inv_freq, rope_tables
 from posbench.encodings.xpos import XPos
 from posbench.evaluate import evaluate
+from helpers import posbench_cli
 
 F64 = torch.float64
 D, L, BASE = 64, 512, 1e4
@@ -225,17 +224,10 @@ def test_evaluate_applies_the_options_past_the_training_length_only(stdlib_data,
 
 
 def test_posbench_eval_writes_a_scaled_results_file_beside_the_untouched_original(tmp_path, toy):
-    posbench_cli = shutil.which("posbench")
     run_dir = tmp_path / "run"
-
-    def run(*args):
-        proc = subprocess.run([posbench_cli, *args], cwd=tmp_path, capture_output=True, text=True,
-                              timeout=600)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-
-    run("train", *toy, f"hydra.run.dir={run_dir}")
+    posbench_cli("train", *toy, f"hydra.run.dir={run_dir}", cwd=tmp_path)
     original = (run_dir / "results.json").read_bytes()
-    run("eval", str(run_dir), "eval.rope_scaling=yarn")
+    posbench_cli("eval", str(run_dir), "eval.rope_scaling=yarn", cwd=tmp_path)
     assert (run_dir / "results.json").read_bytes() == original
     new_files = sorted(run_dir.glob("results.eval-*.json"))
     assert [p.name for p in new_files] == ["results.eval-rope_scaling=yarn.json"]

@@ -1,14 +1,13 @@
 """Experiment presets (conf/experiment/, Hydra's `# @package _global_` pattern): what they set, and
 that `-m +experiment=quick` sweeps the core encodings."""
 import math
-import shutil
-import subprocess
 
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 
 import posbench
 from posbench.encodings import registry
+from helpers import posbench_cli
 
 CORE = ["nope", "sinusoidal", "learned", "rope", "alibi", "t5"]
 
@@ -43,10 +42,7 @@ def test_alibi_table2_preset_is_the_papers_setting():
 
 
 def test_quick_multirun_trains_every_core_encoding_and_reports(tmp_path, toy):
-    proc = subprocess.run([shutil.which("posbench"), "train", "-m", "+experiment=quick", *toy,
-                           "hydra.sweep.dir=sweep"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    posbench_cli("train", "-m", "+experiment=quick", *toy, "hydra.sweep.dir=sweep", cwd=tmp_path)
     summary = (tmp_path / "sweep" / "summary.md").read_text()
     for name in CORE:
         assert f"| {name} |" in summary

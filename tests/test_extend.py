@@ -1,9 +1,8 @@
 """A user's own encoding, outside the package, plugs in through Hydra's `_target_`."""
-import json
 import os
-import shutil
-import subprocess
 import textwrap
+
+from helpers import posbench_cli, results
 
 ENCODING = '''
 from dataclasses import dataclass
@@ -38,12 +37,10 @@ def test_outside_encoding_through_target_and_searchpath(tmp_path, toy):
     (tmp_path / "conf" / "encoding" / "power.yaml").write_text(
         "_target_: my_pe.PowerBias\nname: power\nalpha: 0.7\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    args = [shutil.which("posbench"), "train", f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
-            "encoding=power", *toy, "hydra.run.dir=run"]
-    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    record = json.loads((tmp_path / "run" / "results.json").read_text())
+    args = ["train", f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "encoding=power", *toy]
+    posbench_cli(*args, "hydra.run.dir=run", cwd=tmp_path, env=env, timeout=300)
+    record = results(tmp_path / "run")
     assert record["encoding"] == "power" and record["config"]["encoding"]["alpha"] == 0.7
-    bad = subprocess.run(args[:-1] + ["encoding.alpha=oops", "hydra.run.dir=run2"], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=300)
+    bad = posbench_cli(*args, "encoding.alpha=oops", "hydra.run.dir=run2", cwd=tmp_path, env=env,
+                       timeout=300, ok=False)
     assert bad.returncode != 0 and "alpha" in bad.stderr and "Traceback" not in bad.stderr

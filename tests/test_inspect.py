@@ -1,7 +1,6 @@
 """`posbench inspect RUN_DIR`: learned positions' PCA and attention mass by lag, at toy size,
 through the console script's own function in this process."""
 import json
-import subprocess
 import sys
 
 import pytest
@@ -11,21 +10,10 @@ import posbench
 from posbench.attention import attend, attention_probs
 from posbench.cli import main
 from conftest import TOY
+from helpers import run_in_process
 
 # eval.lengths reaching 4 x train.seq_len: a learned table then has rows for every inspected length
 RUN = [o for o in TOY if not o.startswith("eval.lengths")] + ["eval.lengths=[32,128]"]
-
-
-def cli(args, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["posbench", *args])
-    try:
-        main()
-        code = 0
-    except SystemExit as exit:
-        code = exit.code
-    out, err = capsys.readouterr()
-    assert "Traceback" not in out + err
-    return subprocess.CompletedProcess(args, code, out, err)
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +48,8 @@ def check_attention(record, train_len=32):
 def test_learned_run_gets_both_plots_and_leaves_results_alone(runs, monkeypatch, capsys):
     run_dir = runs["learned"]
     before = {n: (run_dir / n).read_bytes() for n in ("results.json", "checkpoint.pt")}
-    proc = cli(["inspect", str(run_dir)], monkeypatch, capsys)
+    proc = run_in_process(["inspect", str(run_dir)], monkeypatch, capsys)
+    assert "Traceback" not in proc.stdout + proc.stderr
     assert proc.returncode == 0, proc.stderr
     for name in ("inspect_positions.png", "inspect_attention.png"):
         assert (run_dir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -74,7 +63,8 @@ def test_learned_run_gets_both_plots_and_leaves_results_alone(runs, monkeypatch,
 
 def test_encoding_without_table_skips_positions_with_a_note(runs, monkeypatch, capsys):
     run_dir = runs["alibi"]
-    proc = cli(["inspect", str(run_dir), "--lengths", "32,128"], monkeypatch, capsys)
+    proc = run_in_process(["inspect", str(run_dir), "--lengths", "32,128"], monkeypatch, capsys)
+    assert "Traceback" not in proc.stdout + proc.stderr
     assert proc.returncode == 0, proc.stderr
     assert "skipped inspect_positions.png" in proc.stdout
     assert not (run_dir / "inspect_positions.png").exists()
@@ -87,7 +77,8 @@ def test_encoding_without_table_skips_positions_with_a_note(runs, monkeypatch, c
                                   ["inspect", "RUN", "--lengths", "0,x"]])
 def test_bad_arguments_are_one_line(args, runs, monkeypatch, capsys):
     args = [str(runs["learned"]) if a == "RUN" else a for a in args]
-    proc = cli(args, monkeypatch, capsys)
+    proc = run_in_process(args, monkeypatch, capsys)
+    assert "Traceback" not in proc.stdout + proc.stderr
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1
     assert proc.stderr.startswith("posbench: error:")

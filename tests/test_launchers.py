@@ -1,12 +1,9 @@
 """Sweeps in parallel (joblib) and on clusters (SLURM through submitit: config only here)."""
-import json
-import shutil
-import subprocess
-
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 
 import posbench  # noqa: F401 - registers the schema and encodings
+from helpers import posbench_cli, results
 
 
 def hydra_cfg(overrides):
@@ -28,11 +25,8 @@ def test_plain_submitit_slurm_composes():
 
 
 def test_joblib_runs_sweep_jobs_in_parallel_processes(tmp_path, toy):
-    proc = subprocess.run([shutil.which("posbench"), "train", "-m", "hydra/launcher=joblib",
-                           "hydra.launcher.n_jobs=2", *toy, "encoding=nope,alibi",
-                           "hydra.sweep.dir=sweep"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    records = [json.loads(p.read_text()) for p in (tmp_path / "sweep").rglob("results.json")]
+    posbench_cli("train", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *toy,
+                 "encoding=nope,alibi", "hydra.sweep.dir=sweep", cwd=tmp_path)
+    records = [results(p.parent) for p in (tmp_path / "sweep").rglob("results.json")]
     assert sorted(r["encoding"] for r in records) == ["alibi", "nope"]
     assert (tmp_path / "sweep" / "summary.md").is_file()

@@ -1,10 +1,7 @@
 """Evaluation protocols: nonoverlapping, sliding (stride) and growing_context, and the per-position
 loss saved beside every run."""
 import csv
-import json
 import math
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -15,6 +12,7 @@ import posbench
 from posbench.config import ConfigError
 from posbench.data.windows import eval_plan
 from posbench.evaluate import bin_positions, evaluate
+from helpers import posbench_cli, results
 
 
 @pytest.fixture(scope="module")
@@ -99,12 +97,10 @@ def test_protocol_settings_are_checked_at_compose(overrides, key):
 
 
 def test_run_records_protocol_stride_and_per_position(tmp_path, toy):
-    proc = subprocess.run([shutil.which("posbench"), "train", *toy, "eval.protocol=sliding",
-                           "eval.stride=16", "hydra.run.dir=run"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    posbench_cli("train", *toy, "eval.protocol=sliding", "eval.stride=16", "hydra.run.dir=run",
+                 cwd=tmp_path)
     run = tmp_path / "run"
-    record = json.loads((run / "results.json").read_text())
+    record = results(run)
     assert record["eval"]["protocol"] == "sliding" and record["eval"]["stride"] == 16
     rows = list(csv.DictReader(open(run / "per_position.csv")))
     assert {int(r["length"]) for r in rows} == {32, 64}

@@ -9,15 +9,14 @@ import resource
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 import torch
 
 from posbench.checkpoint import load_checkpoint, save_checkpoint
-from posbench.cli import main
 from posbench.train import check_finite
+from helpers import posbench_cli, results, run_in_process
 
 POSBENCH = shutil.which("posbench")
 # one thread: the same CPU kernels in every process, and no OpenMP spinning on shared cores
@@ -30,30 +29,13 @@ RUN = ["encoding=randomized", "model.n_layer=1", "model.d_model=32", "model.n_he
 
 
 def posbench_train(args, cwd, **kwargs):
-    return subprocess.run([POSBENCH, "train", *args], cwd=cwd, env=ENV, capture_output=True,
-                          text=True, timeout=300, **kwargs)
-
-
-def train_in_process(args, monkeypatch, capsys):
-    """`posbench train ARGS` through the console script's own function, in this process: for the
-    commands that stop before training, without the seconds a new interpreter costs."""
-    monkeypatch.setattr(sys, "argv", ["posbench", "train", *args])
-    try:
-        main()
-        code = 0
-    except SystemExit as exit:
-        code = exit.code
-    out, err = capsys.readouterr()
-    return subprocess.CompletedProcess(args, code, out, err)
+    """`posbench train ARGS` on one thread; with ok (the default), it must exit 0."""
+    return posbench_cli("train", *args, cwd=cwd, env=ENV, timeout=300, **kwargs)
 
 
 def error_lines(proc):
     assert "Traceback" not in proc.stdout + proc.stderr
     return [line for line in proc.stderr.splitlines() if line.startswith("posbench: error:")]
-
-
-def results(run_dir):
-    return json.loads((run_dir / "results.json").read_text())
 
 
 def files(run_dir):
@@ -69,8 +51,7 @@ def same_training(a, b):
 def finished(tmp_path_factory, stdlib_data):
     """An uninterrupted run: the reference every resumed run must equal."""
     cwd = tmp_path_factory.mktemp("finished")
-    proc = posbench_train([*RUN, "hydra.run.dir=run"], cwd)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    posbench_train([*RUN, "hydra.run.dir=run"], cwd)
     return cwd / "run"
 
 
@@ -93,8 +74,7 @@ def test_a_run_killed_at_a_random_step_resumes_bit_for_bit(finished, tmp_path):
     assert not (run_dir / "results.json").exists(), "the run finished before it was killed"
     killed_at = load_checkpoint(run_dir / "checkpoint.pt")["step"]
 
-    again = posbench_train([*RUN, f"hydra.run.dir={run_dir}"], tmp_path)
-    assert again.returncode == 0, again.stderr[-2000:]
+    posbench_train([*RUN, f"hydra.run.dir={run_dir}"], tmp_path)
     record = results(run_dir)
     assert record["status"] == "ok"
     assert record["train"]["resumed_from_step"] == killed_at > 0
@@ -130,8 +110,7 @@ def test_ctrl_c_says_what_it_kept_in_one_line_and_the_run_resumes(finished, tmp_
     assert f"its checkpoint at step {kept} is kept" in line and str(run_dir) in line
     assert load_checkpoint(run_dir / "checkpoint.pt")["step"] == kept > 0
 
-    again = posbench_train([*RUN, f"hydra.run.dir={run_dir}"], tmp_path)
-    assert again.returncode == 0, again.stderr[-2000:]
+    posbench_train([*RUN, f"hydra.run.dir={run_dir}"], tmp_path)
     assert results(run_dir)["train"]["resumed_from_step"] == kept
     same_training(results(run_dir), results(finished))
 
@@ -139,11 +118,8 @@ def test_ctrl_c_says_what_it_kept_in_one_line_and_the_run_resumes(finished, tmp_
 def test_a_resumed_run_continues_its_wandb_run(tmp_path):
     args = [*RUN, "logger=wandb"]
     interrupted_after_a_checkpoint(args, tmp_path / "run", tmp_path)
-    again = posbench_train([*args, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
-    assert again.returncode == 0, again.stderr[-2000:]
-    other = posbench_train([*args, "train.steps=20", f"hydra.run.dir={tmp_path / 'other'}"],
-                           tmp_path)
-    assert other.returncode == 0, other.stderr[-2000:]
+    posbench_train([*args, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    posbench_train([*args, "train.steps=20", f"hydra.run.dir={tmp_path / 'other'}"], tmp_path)
 
     def wandb_ids(run_dir):
         return [p.name.rsplit("-", 1)[1] for p in (run_dir / "wandb").glob("offline-run-*")]
@@ -158,15 +134,14 @@ def test_a_finished_run_is_skipped_and_a_failed_one_resumed(finished, tmp_path, 
                                                             capsys):
     run_dir = copy_of(finished, tmp_path)
     before = files(run_dir)
-    proc = train_in_process([*RUN, "eval.tokens=512", f"hydra.run.dir={run_dir}"], monkeypatch,
-                            capsys)
+    proc = run_in_process(["train", *RUN, "eval.tokens=512", f"hydra.run.dir={run_dir}"],
+                          monkeypatch, capsys)
     assert proc.returncode == 0 and "skipped" in proc.stdout, proc.stderr[-2000:]
     assert files(run_dir) == before
 
     record = results(run_dir)
     (run_dir / "results.json").write_text(json.dumps({**record, "status": "failed"}))
-    proc = posbench_train([*RUN, "hydra.run.dir=run"], tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    posbench_train([*RUN, "hydra.run.dir=run"], tmp_path)
     resumed = results(run_dir)
     assert resumed["status"] == "ok" and resumed["train"]["resumed_from_step"] == 300
     same_training(resumed, record)
@@ -203,7 +178,7 @@ def test_a_run_dir_that_cannot_be_resumed_is_refused_in_one_line(finished, tmp_p
     if damage:
         damage(run_dir / "checkpoint.pt")
     before = files(run_dir)
-    proc = train_in_process([*RUN, *extra, f"hydra.run.dir={run_dir}"], monkeypatch, capsys)
+    proc = run_in_process(["train", *RUN, *extra, f"hydra.run.dir={run_dir}"], monkeypatch, capsys)
     assert proc.returncode == 2
     assert error_lines(proc) == proc.stderr.strip().splitlines(), proc.stderr
     assert len(error_lines(proc)) == 1 and needle in proc.stderr
@@ -223,7 +198,7 @@ def test_a_sweep_goes_on_past_a_failed_job_and_resumes_it_when_started_again(tmp
                                                                              stdlib_data):
     sweep = ["-m", *RUN, "train.steps=20", "train.ckpt_every=1", "eval.lengths=[32]",
              "train.lr=1e-3,1e30", "hydra.sweep.dir=sweep"]
-    proc = posbench_train(sweep, tmp_path)
+    proc = posbench_train(sweep, tmp_path, ok=False)
     assert proc.returncode == 1 and len(error_lines(proc)) == 1
     jobs = {results(p.parent)["config"]["train"]["lr"]: p.parent
             for p in (tmp_path / "sweep").rglob("results.json")}
@@ -236,7 +211,7 @@ def test_a_sweep_goes_on_past_a_failed_job_and_resumes_it_when_started_again(tmp
     assert "Failed runs" in (tmp_path / "sweep" / "summary.md").read_text()
 
     ok_before = files(jobs[1e-3])
-    proc = posbench_train([*sweep, "train.resume=true"], tmp_path)  # same job dirs
+    proc = posbench_train([*sweep, "train.resume=true"], tmp_path, ok=False)  # same job dirs
     assert proc.returncode == 1 and len(error_lines(proc)) == 1
     assert "skipped" in proc.stdout and files(jobs[1e-3]) == ok_before
     again = results(jobs[1e30])
@@ -249,7 +224,8 @@ def limit_file_size():
 
 
 def test_a_full_disk_fails_in_one_line_and_leaves_no_partial_file(tmp_path, stdlib_data):
-    proc = posbench_train([*RUN, "hydra.run.dir=run"], tmp_path, preexec_fn=limit_file_size)
+    proc = posbench_train([*RUN, "hydra.run.dir=run"], tmp_path, ok=False,
+                          preexec_fn=limit_file_size)
     assert proc.returncode == 1
     [line] = error_lines(proc)
     assert "File too large" in line and "at step 5 of 300" in line

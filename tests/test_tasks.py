@@ -1,8 +1,4 @@
 """Synthetic tasks: what each instance means, seeding, and exact-match accuracy in evaluate()."""
-import json
-import shutil
-import subprocess
-
 import numpy as np
 import pytest
 import torch
@@ -14,6 +10,7 @@ from posbench.data import prepare, vocab_size
 from posbench.data.tasks import IGNORE, BOS, FIRST, PAD, PLUS, SEP, TASKS, task_data
 from posbench.data.windows import check_train_len, eval_windows, train_batch
 from posbench.evaluate import evaluate
+from helpers import posbench_cli, results
 
 
 def instance(tokens, answers):
@@ -121,12 +118,10 @@ def test_accuracy_is_exact_match_over_answer_tokens_only():
 
 
 def test_train_on_a_task_writes_accuracy_curves(tmp_path, toy):
-    proc = subprocess.run([shutil.which("posbench"), "train", *toy, "dataset=task_copy",
-                           "eval.lengths=[32,64]", "hydra.run.dir=run"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = posbench_cli("train", *toy, "dataset=task_copy", "eval.lengths=[32,64]",
+                        "hydra.run.dir=run", cwd=tmp_path)
     run = tmp_path / "run"
-    record = json.loads((run / "results.json").read_text())
+    record = results(run)
     assert record["dataset"]["name"] == "task_copy"
     assert all(0 <= p["accuracy"] <= 1 for p in record["eval"]["curve"])
     assert "accuracy" in (run / "curve.csv").read_text().splitlines()[0]
