@@ -14,6 +14,7 @@ from typing import Iterable, Tuple
 import numpy as np
 
 from posbench.config import ConfigError
+from posbench.data.documents import file_digest
 
 FORMAT = 1
 
@@ -34,14 +35,6 @@ class TokenData:
     def longest(self, split: str) -> int:
         docs = self.train_docs if split == "train" else self.val_docs
         return int(np.diff(docs).max()) if len(docs) > 1 else 0
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def write_token_dir(target: Path, train: Iterable[np.ndarray], val: Iterable[np.ndarray],
@@ -67,7 +60,7 @@ def write_token_dir(target: Path, train: Iterable[np.ndarray], val: Iterable[np.
                 raise EmptySplitError(f"no {split} documents")
         meta = {"format": FORMAT, "name": name, "fingerprint": fingerprint, "vocab_size": vocab_size,
                 "dtype": np.dtype(dtype).name, "train_docs": offsets["train"],
-                "val_docs": offsets["val"], "sha256": _sha256_file(tmp / "tokens.bin")}
+                "val_docs": offsets["val"], "sha256": file_digest(tmp / "tokens.bin").hex()}
         (tmp / "meta.json").write_text(json.dumps(meta))
         if target.exists():  # another process finished first; theirs is identical
             shutil.rmtree(tmp)
@@ -83,7 +76,7 @@ def read_token_dir(path: Path) -> TokenData:
     try:
         meta = json.loads((path / "meta.json").read_text())
         tokens_path = path / "tokens.bin"
-        if _sha256_file(tokens_path) != meta["sha256"]:
+        if file_digest(tokens_path).hex() != meta["sha256"]:
             raise ValueError("checksum mismatch")
     except (OSError, ValueError, KeyError) as err:
         raise ConfigError(f"token cache {path} is corrupt or incomplete ({err}); delete it and "
