@@ -147,6 +147,7 @@ def _check_stride(eval_cfg, lengths: List[int]) -> None:
 def check(cfg: DictConfig) -> None:
     """Checks types (also of configs that did not come through the schema, such as a saved run's),
     ranges, choices, and the encoding's own values."""
+    from posbench.data.tokenize import TOKENIZERS
     from posbench.encodings.base import encoding_class, encoding_config
 
     try:
@@ -178,6 +179,8 @@ def check(cfg: DictConfig) -> None:
     _require(cfg.eval.protocol == "nonoverlapping" or not cfg.dataset.name.startswith("task_"),
              "eval.protocol", cfg.eval.protocol,
              f"nonoverlapping for dataset={cfg.dataset.name} (each window is one task instance)")
+    _require(cfg.dataset.tokenizer in TOKENIZERS, "dataset.tokenizer", cfg.dataset.tokenizer,
+             f"one of {sorted(TOKENIZERS)}")
     _require(cfg.dataset.name != "text" or cfg.dataset.path, "dataset.path", cfg.dataset.path,
              "a file, folder or glob of text files for dataset=text")
     _require(cfg.eval.rope_scaling in ROPE_SCALINGS, "eval.rope_scaling", cfg.eval.rope_scaling,
@@ -195,3 +198,14 @@ def check(cfg: DictConfig) -> None:
 
 def to_container(cfg: DictConfig) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}: configs compared key by key."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

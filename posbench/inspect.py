@@ -17,27 +17,17 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-import posbench
 from posbench.attention import BLOCK_ELEMENTS, attention_probs
 from posbench.checkpoint import CHECKPOINT, load_checkpoint
 from posbench.config import ConfigError
 from posbench.data import prepare
 from posbench.data.windows import eval_plan
 from posbench.io import write_json
-from posbench.report import _save
-from posbench.train import resolve_device
+from posbench.report import pyplot, save_figure
+from posbench.train import resolve_device, trained_model
 
 TABLE = "encoding.tables.0"  # the learned absolute table (encoding=learned), rows x D
 WINDOWS = 4  # validation windows per length: enough for a mean, cheap on CPU
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def inspect_run(run_dir: Path, lengths: Optional[List[int]] = None) -> dict:
@@ -47,9 +37,7 @@ def inspect_run(run_dir: Path, lengths: Optional[List[int]] = None) -> dict:
     train_len = cfg.train.seq_len
     lengths = lengths or [train_len, 4 * train_len]
     data = prepare(cfg.dataset)
-    model = posbench.build_model(cfg, data.vocab_size)
-    model.load_state_dict(state["model"])
-    model.to(resolve_device(cfg.device)).eval()
+    model = trained_model(state, run_dir / CHECKPOINT, data, resolve_device(cfg.device))
     record = {"encoding": cfg.encoding.name, "train_len": train_len, "windows": WINDOWS}
     if TABLE in state["model"]:
         table = state["model"][TABLE].float()
@@ -83,7 +71,7 @@ def position_summary(table: torch.Tensor, train_len: int) -> dict:
 
 
 def plot_positions(table: torch.Tensor, train_len: int, summary: dict, path: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(10, 8))
     pcs, t = np.array(summary["pcs"]), np.arange(summary["rows"])
     trained = t < train_len
@@ -110,7 +98,7 @@ def plot_positions(table: torch.Tensor, train_len: int, summary: dict, path: Pat
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(f"learned position table ({summary['rows']} x {table.shape[1]})")
-    _save(plt, fig, path)
+    save_figure(plt, fig, path)
 
 
 # ---- attention by lag -----------------------------------------------------------------------
@@ -189,7 +177,7 @@ def attention_summary(model, data, cfg, lengths: List[int]) -> dict:
 
 def plot_attention(summary: dict, train_len: int, path: Path) -> None:
     """Rows: layers; columns: lengths; one curve per head."""
-    plt = _pyplot()
+    plt = pyplot()
     per_length = summary["lengths"]
     n_layer = len(per_length[0]["mass"])
     fig, axes = plt.subplots(n_layer, len(per_length), squeeze=False,
@@ -211,4 +199,4 @@ def plot_attention(summary: dict, train_len: int, path: Path) -> None:
             ax.set_ylabel("mean attention mass", fontsize=8)
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=6)
-    _save(plt, fig, path)
+    save_figure(plt, fig, path)

@@ -6,14 +6,13 @@ import re
 from pathlib import Path
 from typing import List
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-import posbench
 from posbench.checkpoint import CHECKPOINT, load_checkpoint
 from posbench.config import ConfigError
 from posbench.evaluate import evaluate
-from posbench.results import load_results, print_curve, results_record, write_results
-from posbench.train import prepare_run
+from posbench.results import print_curve, results_record, write_results
+from posbench.train import prepare_run, read_results, trained_model
 
 
 def results_name(run_dir: Path, overrides: List[str]) -> str:
@@ -31,15 +30,15 @@ def reevaluate(cfg: DictConfig, run_dir: Path, overrides: List[str]) -> dict:
     if any(not o.startswith(("eval.", "device=", "hydra")) for o in overrides):
         raise ConfigError(f"overrides {overrides} are not accepted by posbench eval; expected "
                           "eval.* keys and device= only (the model is the trained one)")
-    trained = load_results(run_dir / "results.json")
+    trained = read_results(run_dir)
+    if trained is None or trained.get("status") != "ok":
+        status = "none" if trained is None else trained.get("status")
+        raise ConfigError(f"run dir {str(run_dir)!r} holds no finished results.json (status "
+                          f"{status}); expected a run that finished: `posbench train` with its "
+                          "config resumes it")
     device, data = prepare_run(cfg)
-    if data.fingerprint != trained["dataset"]["fingerprint"]:
-        raise ConfigError(f"dataset fingerprint {data.fingerprint} differs from the run's "
-                          f"{trained['dataset']['fingerprint']}; expected the training corpus")
-    state = load_checkpoint(run_dir / CHECKPOINT)
-    model = posbench.build_model(OmegaConf.create(state["config"]), data.vocab_size)
-    model.load_state_dict(state["model"])
-    model.to(device)
+    model = trained_model(load_checkpoint(run_dir / CHECKPOINT), run_dir / CHECKPOINT, data,
+                          device)
     curve = evaluate(model, data, cfg.eval, device)
     record = results_record(cfg, model, data, curve, train=trained["train"])
     record["evaluated_from"] = str(run_dir / CHECKPOINT)

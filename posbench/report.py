@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Tuple
 
 from hydra.experimental.callback import Callback
 
-from posbench.config import ConfigError
+from posbench.config import ConfigError, flatten
 from posbench.io import atomic_path, write_text
 from posbench.results import RESULTS, load_results
 
@@ -33,16 +33,22 @@ def t95(df: int) -> float:
     return T95[df - 1] if df <= len(T95) else 1.96 + 2.4 / df  # within 0.002 beyond 30
 
 
-def _figure():
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _figure():
+    plt = pyplot()
     return plt, *plt.subplots(figsize=(7, 4.5))
 
 
-def _save(plt, fig, path: Path) -> None:
+def save_figure(plt, fig, path: Path) -> None:
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=120, format="png")
@@ -74,7 +80,7 @@ def plot_curves(series: Dict[str, List[Tuple[int, float, Optional[float]]]], tra
     ax.set_title(title + (f"\nshaded: {band_label}" if band_label else ""))
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    _save(plt, fig, path)
+    save_figure(plt, fig, path)
 
 
 def plot_per_position(curve: List[dict], train_len: int, path: Path, title: str = "") -> None:
@@ -92,7 +98,7 @@ def plot_per_position(curve: List[dict], train_len: int, path: Path, title: str 
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    _save(plt, fig, path)
+    save_figure(plt, fig, path)
 
 
 def find_runs(root: Path) -> Tuple[List[dict], List[dict]]:
@@ -114,16 +120,6 @@ def find_runs(root: Path) -> Tuple[List[dict], List[dict]]:
     return runs, failed
 
 
-def _flatten(d: dict, prefix: str = "") -> Dict[str, str]:
-    flat = {}
-    for key, value in d.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = repr(value)
-    return flat
-
-
 def _differs(key: str, runs: List[dict], flats: List[Dict[str, str]]) -> bool:
     """Whether a key was swept. Encodings have keys of their own, so an encoding's key counts
     only where it differs between runs of that encoding."""
@@ -135,7 +131,8 @@ def _differs(key: str, runs: List[dict], flats: List[Dict[str, str]]) -> bool:
 
 def group_label(runs: List[dict]) -> Dict[int, str]:
     """Label of each run: its encoding plus every swept key (not the seed) that differs."""
-    flats = [_flatten(r.get("config", {})) for r in runs]
+    # repr: values become comparable strings, lists included
+    flats = [{k: repr(v) for k, v in flatten(r.get("config", {})).items()} for r in runs]
     keys = sorted({k for f in flats for k in f})
     swept = [k for k in keys if k != "encoding.name" and not k.startswith(IGNORED_KEYS)
              and _differs(k, runs, flats)]
@@ -147,9 +144,10 @@ def group_label(runs: List[dict]) -> Dict[int, str]:
     return labels
 
 
-def aggregate(runs: List[dict], metric: str = "ppl") -> Dict[str, Dict[int, dict]]:
-    """label -> length -> {mean, sd, sem, ci95, n} of a curve metric over seeds."""
-    labels = group_label(runs)
+def aggregate(runs: List[dict], labels: Dict[int, str],
+              metric: str = "ppl") -> Dict[str, Dict[int, dict]]:
+    """label -> length -> {mean, sd, sem, ci95, n} of a curve metric over seeds; `labels` from
+    group_label."""
     values: Dict[str, Dict[int, List[float]]] = defaultdict(lambda: defaultdict(list))
     for i, run in enumerate(runs):
         for point in run["eval"]["curve"]:
@@ -168,9 +166,8 @@ def aggregate(runs: List[dict], metric: str = "ppl") -> Dict[str, Dict[int, dict
     return table
 
 
-def train_lengths(runs: List[dict]) -> Dict[str, int]:
+def train_lengths(runs: List[dict], labels: Dict[int, str]) -> Dict[str, int]:
     """label -> its training length (a swept train.seq_len is part of the label)."""
-    labels = group_label(runs)
     return {labels[i]: run["train"]["seq_len"] for i, run in enumerate(runs)}
 
 
@@ -207,9 +204,10 @@ def write_report(root: Path) -> Path:
     if not ok:
         raise ConfigError(f"report dir {str(root)!r} is not accepted: it holds no finished run "
                           f"({RESULTS} with status ok); expected a run or sweep folder")
-    tables = {m: aggregate(ok, m) for m in METRICS}
+    labels = group_label(ok)
+    tables = {m: aggregate(ok, labels, m) for m in METRICS}
     tables = {m: t for m, t in tables.items() if t}
-    train_of = train_lengths(ok)
+    train_of = train_lengths(ok, labels)
     train_lens = sorted(set(train_of.values()))
     seeds = max(s["n"] for by_length in tables["ppl"].values() for s in by_length.values())
     protocols = sorted({r["eval"].get("protocol", "?") for r in ok})

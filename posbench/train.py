@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 import posbench
 from posbench import distributed
 from posbench.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
-from posbench.config import ConfigError, to_container
+from posbench.config import ConfigError, flatten, to_container
 from posbench.data import prepare
 from posbench.data.tasks import IGNORE
 from posbench.data.tokens import TokenData
@@ -106,19 +106,9 @@ def prepare_run(cfg: DictConfig):
     return device, data
 
 
-def _flat(tree: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def config_changes(saved: dict, cfg: DictConfig) -> list:
     """(key, saved value, new value) for every key outside RESUME_FREE that differs."""
-    old, new = _flat(saved), _flat(to_container(cfg))
+    old, new = flatten(saved), flatten(to_container(cfg))
     keys = list(new) + [k for k in old if k not in new]
     return [(k, old.get(k, "<absent>"), new.get(k, "<absent>")) for k in keys
             if not k.startswith(RESUME_FREE) and old.get(k, "<absent>") != new.get(k, "<absent>")]
@@ -160,7 +150,7 @@ def plan_run(cfg: DictConfig, run_dir: Path) -> Start:
     """Checks the config against the data and the run dir, and builds the model, from its
     checkpoint when there is one. Writes nothing."""
     run_dir = Path(run_dir)
-    device, data = prepare_run(cfg)
+    # the run dir first: refusing it costs nothing, preparing the data may tokenize a corpus
     held = [p.name for p in (run_dir / RESULTS, run_dir / CHECKPOINT) if p.exists()]
     if held and not cfg.train.resume:
         raise ConfigError(f"train.resume=false is not accepted: run dir {str(run_dir)!r} holds "
@@ -169,6 +159,7 @@ def plan_run(cfg: DictConfig, run_dir: Path) -> Start:
     if finished(cfg, run_dir):
         raise ConfigError(f"run dir {str(run_dir)!r} already holds results.json (status ok); "
                           "expected a new run dir (nothing was overwritten)")
+    device, data = prepare_run(cfg)
     torch.manual_seed(cfg.seed)
     model = posbench.build_model(cfg, data.vocab_size)
     state = None
@@ -185,19 +176,32 @@ def check_resumable(cfg: DictConfig, state: dict, path: Path, data: TokenData, m
                           f"{state['posbench']}; expected one of posbench {posbench.__version__} "
                           "to resume, or a new run dir (nothing was overwritten)")
     require_same_run(cfg, state["config"], path)
-    if state["dataset"] != data.fingerprint:
-        raise ConfigError(f"dataset {data.name} now has fingerprint {data.fingerprint}; {path} was "
-                          f"trained on {state['dataset']}; expected the same corpus to resume, "
-                          "or a new run dir (nothing was overwritten)")
+    require_same_corpus(state, path, data, "the same corpus to resume, or a new run dir "
+                        "(nothing was overwritten)")
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as err:  # eval.lengths can size a learned table
-        new = _flat(to_container(cfg))
-        saved = ", ".join(f"{k}={v!r}" for k, v in _flat(state["config"]).items()
+        new = flatten(to_container(cfg))
+        saved = ", ".join(f"{k}={v!r}" for k, v in flatten(state["config"]).items()
                           if k.startswith("eval.") and new.get(k) != v)
         raise ConfigError(f"{path} does not fit the model of this config ("
                           f"{' '.join(str(err).split())[:200]}); expected the eval values it was "
                           f"trained with: {saved}") from None
+
+
+def require_same_corpus(state: dict, path: Path, data: TokenData, expected: str) -> None:
+    if state["dataset"] != data.fingerprint:
+        raise ConfigError(f"dataset {data.name} now has fingerprint {data.fingerprint}; {path} was "
+                          f"trained on {state['dataset']}; expected {expected}")
+
+
+def trained_model(state: dict, path: Path, data: TokenData, device: torch.device):
+    """The model of checkpoint `state` (read from `path`) on `device`, in eval mode, once the
+    corpus is the one it was trained on: for `posbench eval` and `posbench inspect`."""
+    require_same_corpus(state, path, data, "the training corpus")
+    model = posbench.build_model(OmegaConf.create(state["config"]), data.vocab_size)
+    model.load_state_dict(state["model"])
+    return model.to(device).eval()
 
 
 def rng_state(device: torch.device) -> dict:

@@ -44,6 +44,7 @@ def test_unknown_encoding_option_key_fails():
     ("model.n_head=3", "model.d_model"),
     ("eval.protocol=sideways", "eval.protocol"),
     ("device=tpu", "device"),
+    ("dataset.tokenizer=oops", "dataset.tokenizer"),
     ("encoding.base=-1", "encoding.base"),
 ])
 def test_bad_values_name_the_key(override, key):

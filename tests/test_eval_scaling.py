@@ -238,3 +238,16 @@ def test_posbench_eval_writes_a_scaled_results_file_beside_the_untouched_origina
     assert past_l["length"] == new_past["length"] == 64
     assert new_l["loss"] == pytest.approx(at_l["loss"], rel=1e-6)  # s = 1 at the training length
     assert new_past["loss"] != past_l["loss"]
+
+    # a run that did not finish is refused in one line, and nothing is written
+    record = json.loads(original)
+    record["status"] = "failed"
+    (run_dir / "results.json").write_text(json.dumps(record))
+    for state in ("failed", "none"):
+        before = sorted(p.name for p in run_dir.iterdir())
+        bad = posbench_cli("eval", str(run_dir), "eval.rope_scaling=pi", cwd=tmp_path, ok=False)
+        assert bad.returncode == 2 and "Traceback" not in bad.stderr
+        (line,) = [x for x in bad.stderr.splitlines() if x.startswith("posbench: error:")]
+        assert f"no finished results.json (status {state})" in line
+        assert sorted(p.name for p in run_dir.iterdir()) == before
+        (run_dir / "results.json").unlink(missing_ok=True)
