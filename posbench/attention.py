@@ -58,18 +58,26 @@ def logn_scale(n: int, train_len: int, device=None) -> torch.Tensor:
     return (seen.log() / math.log(train_len)).clamp(min=1).unsqueeze(-1)
 
 
-def attend(q, k, v, pos, encoding, layer):
+def bound_hooks(q, k, pos, encoding, layer):
+    """The encoding's score_mod, row_mod and value_mod bound to these q, k and positions, each
+    None where the encoding has no such hook."""
     score_mod = encoding.score_mod(q, k, pos, layer) if encoding.score_mod is not None else None
-    row_mod = encoding.row_mod is not None
-    value_mod = encoding.value_mod is not None
-    if score_mod is None and not row_mod and not value_mod:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    if q.is_cuda and not row_mod and not value_mod:
-        return flex_attention(q, k, v, score_mod)
-    row = functools.partial(encoding.row_mod, q=q, pos=pos, layer=layer) if row_mod else None
-    val = functools.partial(encoding.value_mod, pos=pos, layer=layer) if value_mod else None
-    additive = encoding.additive_score_mod and row is None and val is None
-    return blockwise_attention(q, k, v, score_mod, row, val, additive=additive)
+    row_mod = (functools.partial(encoding.row_mod, q=q, pos=pos, layer=layer)
+               if encoding.row_mod is not None else None)
+    value_mod = (functools.partial(encoding.value_mod, pos=pos, layer=layer)
+                 if encoding.value_mod is not None else None)
+    return score_mod, row_mod, value_mod
+
+
+def attend(q, k, v, pos, encoding, layer):
+    score_mod, row_mod, value_mod = bound_hooks(q, k, pos, encoding, layer)
+    if row_mod is None and value_mod is None:
+        if score_mod is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if q.is_cuda:
+            return flex_attention(q, k, v, score_mod)
+    additive = encoding.additive_score_mod and row_mod is None and value_mod is None
+    return blockwise_attention(q, k, v, score_mod, row_mod, value_mod, additive=additive)
 
 
 def blockwise_attention(q, k, v, score_mod=None, row_mod=None, value_mod=None, additive=False):
@@ -97,13 +105,19 @@ def _bias_block(q, k, v, start, b, h, score_mod):
     (1, H, Tq, Tk) when the batch shares positions, expanded to 4-D B, H without copying (CPU's
     fused kernel needs that)."""
     Tq, Tk = q.shape[2], k.shape[2]
-    q_idx = torch.arange(start, start + Tq, device=q.device).view(1, 1, Tq, 1)
-    kv_idx = torch.arange(Tk, device=q.device).view(1, 1, 1, Tk)
+    q_idx, kv_idx = block_indices(start, Tq, Tk, q.device)
     bias = score_mod(torch.zeros((), dtype=q.dtype, device=q.device), b, h, q_idx, kv_idx)
     mask = bias.to(q.dtype).masked_fill(kv_idx > q_idx, float("-inf"))
     if mask.requires_grad:
         return BiasedAttention.apply(q, k, v, mask, start)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.expand(*q.shape[:2], Tq, Tk))
+
+
+def block_indices(start: int, Tq: int, Tk: int, device):
+    """q_idx (1, 1, Tq, 1) of the block's queries, which start at sequence index `start`, and
+    kv_idx (1, 1, 1, Tk) of its keys: the index tensors a score_mod broadcasts over."""
+    return (torch.arange(start, start + Tq, device=device).view(1, 1, Tq, 1),
+            torch.arange(Tk, device=device).view(1, 1, 1, Tk))
 
 
 def _attend_block(q, k, v, start, b, h, score_mod, row_mod, value_mod):
@@ -118,9 +132,7 @@ def _attend_block(q, k, v, start, b, h, score_mod, row_mod, value_mod):
 def _block_probs(q, k, start, b, h, score_mod, row_mod):
     """Causal attention probabilities (B, H, Tq, Tk) in fp32 at least of the query block that
     starts at sequence index `start`, with its q_idx and kv_idx."""
-    Tq, Tk = q.shape[2], k.shape[2]
-    q_idx = torch.arange(start, start + Tq, device=q.device).view(1, 1, Tq, 1)
-    kv_idx = torch.arange(Tk, device=q.device).view(1, 1, 1, Tk)
+    q_idx, kv_idx = block_indices(start, q.shape[2], k.shape[2], q.device)
     dtype = torch.promote_types(q.dtype, torch.float32)  # logits in fp32 at least, even under bf16
     # scaling q, not the scores, saves a pass over the block's scores
     scores = (q.to(dtype) / math.sqrt(q.shape[-1])) @ k.to(dtype).transpose(-2, -1)
@@ -138,9 +150,7 @@ def attention_probs(q, k, pos, encoding, layer, start=0, end=None):
     CausalSelfAttention.heads returns them: the dense-score path every hook goes through, for
     inspecting what a trained model attends to (value_mod changes the output, not these)."""
     end = q.shape[2] if end is None else end
-    score_mod = encoding.score_mod(q, k, pos, layer) if encoding.score_mod is not None else None
-    row_mod = (functools.partial(encoding.row_mod, q=q, pos=pos, layer=layer)
-               if encoding.row_mod is not None else None)
+    score_mod, row_mod, _ = bound_hooks(q, k, pos, encoding, layer)
     b = torch.arange(q.shape[0], device=q.device).view(-1, 1, 1, 1)
     h = torch.arange(q.shape[1], device=q.device).view(1, -1, 1, 1)
     return _block_probs(q[:, :, start:end], k[:, :, :end], start, b, h, score_mod, row_mod)[0]
