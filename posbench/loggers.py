@@ -11,6 +11,16 @@ from posbench.io import write_text
 WANDB_ID = "wandb_run_id"  # in the run dir
 
 
+def wandb_mode(logger_cfg) -> str:
+    """logger.mode, except that online without WANDB_API_KEY runs offline (no key, no network
+    needed: `wandb sync` uploads later), and says so."""
+    if logger_cfg.mode == "online" and not os.environ.get("WANDB_API_KEY"):
+        print("posbench: logger.mode=online without WANDB_API_KEY: logging offline; upload "
+              "later with `wandb sync`")
+        return "offline"
+    return logger_cfg.mode
+
+
 class NoLogger:
     def log(self, metrics: dict) -> None:
         pass
@@ -35,9 +45,7 @@ class WandbLogger:
 
             raise ConfigError("logger=wandb is not available: the wandb package is not "
                               "installed; expected `pip install 'posbench[wandb]'` or logger=none")
-        mode = logger_cfg.mode
-        if mode == "online" and not os.environ.get("WANDB_API_KEY"):
-            mode = "offline"  # no key, no network needed: `wandb sync` uploads later
+        mode = wandb_mode(logger_cfg)
         self.wandb = wandb
         # a resumed run continues its wandb run: the id is kept in the run dir
         id_file = run_dir / WANDB_ID
@@ -73,3 +81,23 @@ def make_logger(cfg, run_dir: Path, name: str, group: str, config: dict, resumin
     if cfg.logger.name == "wandb":
         return WandbLogger(cfg.logger, run_dir, name, group, config, resuming)
     return NoLogger()
+
+
+def log_sweep_report(logger_cfg, sweep_dir: Path, parity: dict) -> None:
+    """One more wandb run in the sweep's group, `report`: every group's perplexity at the
+    training length, its gap to the best and whether it is under-trained, as a table, in the
+    summary (`parity/<label>/gap`, ...) and with the sweep's plot."""
+    import wandb
+
+    mode = wandb_mode(logger_cfg)
+    run = wandb.init(project=logger_cfg.project, entity=logger_cfg.entity, name="report",
+                     group=sweep_dir.name, dir=str(sweep_dir), mode=mode, reinit="create_new",
+                     job_type="report")
+    columns = ["label", "train_length", "train_length_ppl", "gap", "gap_ci95", "under_trained",
+               "extrapolation_ratio"]
+    run.log({"parity": wandb.Table(columns=columns, data=[[label, *(row[c] for c in columns[1:])]
+                                                          for label, row in parity.items()]),
+             "ppl_vs_length": wandb.Image(str(sweep_dir / "ppl_vs_length.png"))})
+    run.summary.update({f"parity/{label}/{key}": value for label, row in parity.items()
+                        for key, value in row.items()})
+    run.finish()

@@ -17,6 +17,7 @@ from hydra.experimental.callback import Callback
 
 from posbench.config import ConfigError, flatten
 from posbench.io import atomic_path, write_text
+from posbench.parity import UNDER_TRAINED, Gap, parity_gaps
 from posbench.results import RESULTS, load_results
 
 # keys that differ between runs without being an experimental factor
@@ -56,16 +57,22 @@ def save_figure(plt, fig, path: Path) -> None:
 
 
 def plot_curves(series: Dict[str, List[Tuple[int, float, Optional[float]]]], train_len: int,
-                path: Path, title: str = "", band_label: str = "", metric: str = "ppl") -> None:
+                path: Path, title: str = "", band_label: str = "", metric: str = "ppl",
+                gaps: Optional[Dict[str, Gap]] = None) -> None:
     """A metric (METRICS) against length, one line per label, optional +-band, the training
-    length marked. Written atomically."""
+    length marked. With `gaps`, each label shows its parity gap and an under-trained curve is
+    dashed. Written atomically."""
     ylabel, log_y = METRICS[metric]
     plt, fig, ax = _figure()
+    gaps = gaps or {}
     for label, points in series.items():
         if not points:
             continue
         xs, ys, bands = zip(*sorted(points))
-        line, = ax.plot(xs, ys, marker="o", label=label)
+        gap = gaps.get(label)
+        text = label if gap is None else f"{label} ({gap.cell()} at L)"
+        line, = ax.plot(xs, ys, marker="o", label=text,
+                        linestyle="--" if gap is not None and gap.under_trained else "-")
         if all(b is not None for b in bands):
             ax.fill_between(xs, [y - b for y, b in zip(ys, bands)],
                             [y + b for y, b in zip(ys, bands)], color=line.get_color(), alpha=0.2)
@@ -178,25 +185,29 @@ def extrapolation_ratio(by_length: Dict[int, dict], train_len: int) -> Optional[
 
 
 def _markdown_table(table: Dict[str, Dict[int, dict]], digits: int,
-                    ratio_of: Optional[Dict[str, int]] = None) -> List[str]:
+                    ratio_of: Optional[Dict[str, int]] = None,
+                    gaps: Optional[Dict[str, Gap]] = None) -> List[str]:
+    """With `ratio_of` (label -> training length), the extrapolation ratio and, from `gaps`, the
+    gap to the best perplexity at the training length."""
     lengths = sorted({length for by_length in table.values() for length in by_length})
     cell = lambda s: f"{s['mean']:.{digits}f}" + (f" ± {s['ci95']:.{digits}f}" if s["n"] > 1
                                                    else "")
     head = "| encoding | " + " | ".join(map(str, lengths)) + " |"
-    head += " ppl(longest)/ppl(train) |" if ratio_of else ""
-    lines = [head, "|---|" + "---:|" * (len(lengths) + bool(ratio_of))]
+    head += " ppl(longest)/ppl(train) | gap at train length |" if ratio_of else ""
+    lines = [head, "|---|" + "---:|" * (len(lengths) + 2 * bool(ratio_of))]
     for label, by_length in table.items():
         cells = [cell(by_length[n]) if n in by_length else "—" for n in lengths]
         if ratio_of:
             ratio = extrapolation_ratio(by_length, ratio_of[label])
-            cells.append(f"{ratio:.2f}" if ratio else "—")
+            gap = (gaps or {}).get(label)
+            cells += [f"{ratio:.2f}" if ratio else "—", gap.cell() if gap else "—"]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines
 
 
-def write_report(root: Path) -> Path:
+def write_report(root: Path) -> Dict[str, dict]:
     """summary.md, summary.csv and ppl_vs_length.png (accuracy_vs_length.png for tasks) in
-    `root` from every run below it."""
+    `root` from every run below it. Returns each group's parity at the training length."""
     root = Path(root)
     if not root.is_dir():
         raise ConfigError(f"report dir {str(root)!r} is not accepted; expected a folder of runs")
@@ -212,23 +223,36 @@ def write_report(root: Path) -> Path:
     seeds = max(s["n"] for by_length in tables["ppl"].values() for s in by_length.values())
     protocols = sorted({r["eval"].get("protocol", "?") for r in ok})
 
+    gaps = parity_gaps(tables["ppl"], train_of)
+
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(["label", "length", "ppl_mean", "ppl_sd", "ppl_ci95", "seeds",
-                     "accuracy_mean", "accuracy_ci95"])
+                     "accuracy_mean", "accuracy_ci95", "train_length", "extrapolation_ratio",
+                     "train_length_gap", "train_length_gap_ci95", "under_trained"])
     for label, by_length in tables["ppl"].items():
+        ratio = extrapolation_ratio(by_length, train_of[label])
+        gap = gaps.get(label)
+        per_label = [train_of[label], f"{ratio:.6g}" if ratio else "",
+                     f"{gap.gap:.6g}" if gap else "", f"{gap.band:.6g}" if gap else "",
+                     gap.under_trained if gap else ""]
         for length, s in by_length.items():
             acc = tables.get("accuracy", {}).get(label, {}).get(length)
             writer.writerow([label, length, f"{s['mean']:.6g}", f"{s['sd']:.6g}",
                              f"{s['ci95']:.6g}", s["n"], f"{acc['mean']:.6g}" if acc else "",
-                             f"{acc['ci95']:.6g}" if acc else ""])
+                             f"{acc['ci95']:.6g}" if acc else "", *per_label])
     write_text(root / "summary.csv", out.getvalue())
 
     band = f"; mean ± {BAND}" if seeds > 1 else ""
     lines = [f"# posbench report: {len(ok)} runs", "",
              f"Perplexity by evaluation length (training length {', '.join(map(str, train_lens))}"
              f"; protocol {', '.join(protocols)}){band}.", ""]
-    lines += _markdown_table(tables["ppl"], 3, ratio_of=train_of)
+    lines += _markdown_table(tables["ppl"], 3, ratio_of=train_of, gaps=gaps)
+    lines += ["", "Gap at train length: perplexity at the training length relative to the best "
+              "group trained at that length" + (" (± its 95% interval)" if seeds > 1 else "")
+              + "."]
+    lines += [f"- **{label}** is {UNDER_TRAINED}." for label, gap in gaps.items()
+              if gap.under_trained]
     if "accuracy" in tables:
         lines += ["", f"Exact-match accuracy by evaluation length{band}.", ""]
         lines += _markdown_table(tables["accuracy"], 3)
@@ -242,11 +266,17 @@ def write_report(root: Path) -> Path:
                           for n, s in by_length.items()] for label, by_length in table.items()}
         plot_curves(series, train_lens[0], root / f"{metric}_vs_length.png",
                     title=f"{METRICS[metric][0]} vs length ({len(ok)} runs)",
-                    band_label=BAND if seeds > 1 else "", metric=metric)
+                    band_label=BAND if seeds > 1 else "", metric=metric,
+                    gaps=gaps if metric == "ppl" else None)
     print("\n".join(lines))
     print(f"\nwrote {root / 'summary.md'}, summary.csv, "
           + ", ".join(f"{m}_vs_length.png" for m in tables))
-    return root
+    return {label: {"train_length": train_of[label],
+                    "train_length_ppl": tables["ppl"][label][train_of[label]]["mean"],
+                    "gap": gap.gap, "gap_ci95": gap.band, "under_trained": gap.under_trained,
+                    "extrapolation_ratio": extrapolation_ratio(tables["ppl"][label],
+                                                               train_of[label])}
+            for label, gap in gaps.items()}
 
 
 class SweepReport(Callback):
@@ -256,6 +286,11 @@ class SweepReport(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         if any(sweep_dir.rglob(RESULTS)):
             try:
-                write_report(sweep_dir)
+                parity = write_report(sweep_dir)
             except ConfigError as err:
                 print(f"posbench report: {err}")
+                return
+            if config.logger.name == "wandb":
+                from posbench.loggers import log_sweep_report
+
+                log_sweep_report(config.logger, sweep_dir, parity)

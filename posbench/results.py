@@ -1,4 +1,4 @@
-"""results.json (schema in shared/DESIGN.md), curve.csv and the run's plot."""
+"""results.json (schema in docs/design.md), curve.csv and the run's plot."""
 from __future__ import annotations
 
 import csv
@@ -12,6 +12,7 @@ import posbench
 from posbench.config import to_container
 from posbench.data.windows import scored_block
 from posbench.io import write_json, write_text
+from posbench.parity import ppl_at
 
 RESULTS = "results.json"
 
@@ -28,6 +29,8 @@ def results_record(cfg, model, data, curve: List[dict], train: dict,
         "eval": {"protocol": cfg.eval.protocol, "tokens_per_length": cfg.eval.tokens,
                  "stride": scored_block(cfg.eval),
                  "rope_scaling": cfg.eval.rope_scaling, "logn_scaling": cfg.eval.logn_scaling,
+                 # the reference of parity between runs (posbench/parity.py)
+                 "train_len_ppl": ppl_at(curve, cfg.train.seq_len),
                  "curve": curve},
         "notes": model.encoding.notes(),
         "version": posbench.__version__,

@@ -1,5 +1,6 @@
 """Checks and runners shared by the tests (imported as `from helpers import ...`)."""
 import json
+from pathlib import Path
 import shutil
 import subprocess
 import sys
@@ -60,3 +61,42 @@ def run_in_process(argv, monkeypatch, capsys):
 def results(run_dir):
     """The results.json a run wrote into run_dir."""
     return json.loads((run_dir / "results.json").read_text())
+
+
+def wandb_records(run_file):
+    """The protobuf records of an offline wandb run file (run-*.wandb): a 7-byte W&B header, then
+    LevelDB's log format (32 KiB blocks; each chunk: crc32, length, type FULL/FIRST/MIDDLE/LAST)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data, block, pos, parts = Path(run_file).read_bytes(), 32768, 7, []
+    assert data[:4] == b":W&B"
+    while pos + 7 <= len(data):
+        room = block - pos % block
+        if room < 7:  # a block's tail too short for a header is padding
+            pos += room
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if kind == 0:
+            break
+        parts.append(data[pos + 7:pos + 7 + length])
+        pos += 7 + length
+        if kind in (1, 4):  # FULL or LAST: a whole record
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(b"".join(parts))
+            parts = []
+            yield record
+
+
+def wandb_summary(run_dir):
+    """The final summary of the one offline wandb run below run_dir, read from its run file."""
+    import json
+
+    (run_file,) = Path(run_dir).glob("wandb/offline-run-*/run-*.wandb")
+    summary = {}
+    for record in wandb_records(run_file):
+        if record.WhichOneof("record_type") == "summary":
+            summary.update({item.key: json.loads(item.value_json)
+                            for item in record.summary.update})
+    return summary

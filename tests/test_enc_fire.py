@@ -1,4 +1,4 @@
-"""FIRE (shared/ENCODINGS.md 4.6): MLP of psi(lag) / psi(max(L_thr, span)), one per layer."""
+"""FIRE (docs/encodings.md): MLP of psi(lag) / psi(max(L_thr, span)), one per layer."""
 import math
 
 import pytest
@@ -34,7 +34,7 @@ def reference_bias(mlp, lag, span, init_L):
 
 
 def test_mlp_input_is_in_unit_interval_at_any_length(monkeypatch):
-    enc = build().encoding
+    enc = build("encoding.init_L=512").encoding
     mlp = enc.mlps[0]
     seen = []
     forward = mlp.forward
@@ -56,8 +56,10 @@ def test_mlp_input_is_in_unit_interval_at_any_length(monkeypatch):
             torch.testing.assert_close(x[long, 0], torch.ones(int(long.sum())), rtol=0, atol=1e-5)
 
 
-def test_bias_depends_on_lag_alone_below_the_threshold_and_on_the_span_beyond():
-    enc = build("encoding.init_L=16").encoding  # L_thr = 16
+@pytest.mark.parametrize("threshold", ["encoding.init_L=16", "train.seq_len=16"])
+def test_bias_depends_on_lag_alone_below_the_threshold_and_on_the_span_beyond(threshold):
+    # L_thr = 16, set directly or, by default, the training length
+    enc = build(threshold).encoding
     H, T = 4, 64
     pos = torch.arange(T).view(1, T)
     bias = enc.score_mod(None, None, pos, 0)(torch.zeros(1, H, T, T), *grid(1, H, T))[0]

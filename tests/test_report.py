@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from helpers import wandb_summary
 from posbench.report import t95, write_report
 
 
@@ -48,7 +49,7 @@ def test_seeds_are_averaged_with_a_t_interval_and_the_ratio_is_reported(tmp_path
     assert alibi["seeds"] == "3" and float(rows[("nope", 128)]["ppl_ci95"]) == 0
     summary = (tmp_path / "summary.md").read_text()
     assert "| alibi | 10.500 ± 1.242 | 11.833 ± 2.586 | 1.13 |" in summary
-    assert "| nope | 9.000 ± 0.000 | 50.000 ± 0.000 | 5.56 |" in summary
+    assert "| nope | 9.000 ± 0.000 | 50.000 ± 0.000 | 5.56 | +0.0% |" in summary
     assert "Student t" in summary and "Failed" not in summary
     assert (tmp_path / "ppl_vs_length.png").stat().st_size > 0
 
@@ -65,7 +66,7 @@ def test_failed_partial_unreadable_and_missing_results_do_not_stop_the_report(tm
     (tmp_path / "4_killed" / ".hydra" / "config.yaml").write_text("seed: 0\n")
     write_report(tmp_path)
     summary = (tmp_path / "summary.md").read_text()
-    assert "| rope | 8.000 | 9.000 | 1.12 |" in summary
+    assert "| rope | 8.000 | 9.000 | 1.12 | +0.0% |" in summary
     failed = summary.split("Failed runs:")[1]
     for needle in ("1_failed: FloatingPointError", "2_failed_full: RuntimeError: boom",
                    "3_bad: results.json unreadable", "4_killed: no results.json"):
@@ -89,8 +90,8 @@ def test_a_swept_training_length_is_its_own_group_with_its_own_ratio(tmp_path):
     write(tmp_path, "b", run_record("alibi", 0, {32: 10.0, 64: 8.0, 128: 12.0}, seq_len=64))
     write_report(tmp_path)
     summary = (tmp_path / "summary.md").read_text()
-    assert "| alibi [train.seq_len=32] | 10.000 | 9.000 | 12.000 | 1.20 |" in summary
-    assert "| alibi [train.seq_len=64] | 10.000 | 8.000 | 12.000 | 1.50 |" in summary
+    assert "| alibi [train.seq_len=32] | 10.000 | 9.000 | 12.000 | 1.20 | +0.0% |" in summary
+    assert "| alibi [train.seq_len=64] | 10.000 | 8.000 | 12.000 | 1.50 | +0.0% |" in summary
 
 
 def test_an_encodings_own_keys_label_only_runs_of_that_encoding(tmp_path):
@@ -101,3 +102,46 @@ def test_an_encodings_own_keys_label_only_runs_of_that_encoding(tmp_path):
     write_report(tmp_path)
     labels = {label for label, _ in summary_rows(tmp_path)}
     assert labels == {"rope", "t5 [encoding.num_buckets=32]", "t5 [encoding.num_buckets=16]"}
+
+
+def test_parity_gap_to_the_best_at_the_training_length_marks_under_trained_groups(tmp_path):
+    # at the training length 32: rope 4.0 (best), alibi 4.4 (+10%), sinusoidal 3 seeds around
+    # 6.0 (+50%); a group trained at 64 is compared only with its own training length
+    runs = {("rope", 0): 4.0, ("alibi", 0): 4.4, ("sinusoidal", 0): 5.0, ("sinusoidal", 1): 6.0,
+            ("sinusoidal", 2): 7.0}
+    for (name, seed), ppl in runs.items():
+        write(tmp_path, f"{name}-{seed}", run_record(name, seed, {32: ppl, 128: 2 * ppl}))
+    write(tmp_path, "t5-64", run_record("t5", 0, {64: 9.0, 128: 9.0}, seq_len=64))
+    write_report(tmp_path)
+    rows = summary_rows(tmp_path)
+    half_width = 4.303 * 1.0 / math.sqrt(3)  # sd of (5, 6, 7) is 1
+    expected = {"rope": (0.0, 0.0), "alibi": (0.1, 0.0), "sinusoidal": (0.5, half_width / 4.0)}
+    for label, (gap, band) in expected.items():
+        row = rows[("[train.seq_len=32]".join([label + " ", ""]), 32)]
+        assert float(row["train_length_gap"]) == pytest.approx(gap, abs=1e-9)
+        assert float(row["train_length_gap_ci95"]) == pytest.approx(band, rel=1e-3)
+        assert row["under_trained"] == str(gap > 0.15)
+        assert float(row["extrapolation_ratio"]) == pytest.approx(2.0)
+    assert float(rows[("t5 [train.seq_len=64]", 64)]["train_length_gap"]) == 0.0
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| sinusoidal [train.seq_len=32] |" in summary
+    assert f"+50.0% ± {half_width / 4.0:.1%} under-trained |" in summary
+    under = [line for line in summary.splitlines() if "extrapolation ratio is not comparable" in line]
+    assert len(under) == 1 and under[0].startswith("- **sinusoidal")
+
+
+def test_the_sweep_report_logs_parity_to_wandb(tmp_path):
+    from omegaconf import OmegaConf
+
+    from posbench.loggers import log_sweep_report
+
+    write(tmp_path, "a", run_record("rope", 0, {32: 4.0, 64: 5.0}))
+    write(tmp_path, "b", run_record("sinusoidal", 0, {32: 6.0, 64: 9.0}))
+    parity = write_report(tmp_path)
+    assert parity["sinusoidal"]["under_trained"] and parity["sinusoidal"]["gap"] == pytest.approx(0.5)
+    log_sweep_report(OmegaConf.create({"mode": "offline", "project": "posbench", "entity": None}),
+                     tmp_path, parity)
+    summary = wandb_summary(tmp_path)  # read back from the offline run file
+    assert summary["parity/sinusoidal/gap"] == pytest.approx(0.5)
+    assert summary["parity/sinusoidal/under_trained"] is True
+    assert summary["parity/rope/train_length_ppl"] == pytest.approx(4.0)

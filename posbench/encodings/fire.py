@@ -2,7 +2,9 @@
 
 b(i, j) = f(psi(i - j) / psi(max(L_thr, span_i)))_h,   psi(x) = log(|c x| + 1),
 L_thr = |L_mult * L_init|. f is an MLP 1 -> width -> H (ReLU); f, c and L_mult are learned, one
-set per layer (defaults of the port in mcleish7/arithmetic).
+set per layer. L_init is the training length, as in the paper, so that queries within the
+training window keep an absolute scale at any training length (the port in mcleish7/arithmetic
+fixes it at 512, its own training length); width 32 and c = 0.1 are that port's.
 
 span_i is the query's distance to the first position of its sequence: the largest lag it can see.
 The paper's sequences start at 0, where span_i = i, its normalizer, and so do posbench's runs. For
@@ -11,6 +13,7 @@ offset) while lag / span still lies in [0, 1].
 """
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import nn
@@ -68,8 +71,8 @@ class FIRE(PositionalEncoding):
     class Config(EncodingConfig):
         width: int = 32
         init_c: float = 0.1
-        # L_thr = |L_mult * init_L|, L_mult learned from 1
-        init_L: float = 512.0
+        # L_thr = |L_mult * init_L|, L_mult learned from 1; None: the training length
+        init_L: Optional[float] = None
 
     @classmethod
     def check(cls, cfg, run_cfg):
@@ -79,9 +82,9 @@ class FIRE(PositionalEncoding):
         if not cfg.init_c > 0:
             raise ConfigError(f"encoding.init_c={cfg.init_c} is not accepted; "
                               "expected a number > 0")
-        if not cfg.init_L > 0:
+        if cfg.init_L is not None and not cfg.init_L > 0:
             raise ConfigError(f"encoding.init_L={cfg.init_L} is not accepted; "
-                              "expected a number > 0")
+                              "expected a number > 0, or null for the training length")
 
     def __init__(self, cfg, dims):
         super().__init__(cfg, dims)
@@ -90,7 +93,7 @@ class FIRE(PositionalEncoding):
 
     def score_mod(self, q, k, pos, layer):
         mlp = self.mlps[layer]
-        threshold = (mlp.l_mult * self.cfg.init_L).abs()
+        threshold = (mlp.l_mult * (self.cfg.init_L or self.dims.train_len)).abs()
         # One position row for the batch (the usual expanded arange) makes the bias the same for
         # every sequence: on the blockwise path the MLP then runs once, not batch-size times.
         if pos.stride(0) == 0:

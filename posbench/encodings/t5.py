@@ -43,8 +43,9 @@ class T5Bias(PositionalEncoding):
 
     def __init__(self, cfg, dims):
         super().__init__(cfg, dims)
-        # zero init: training starts from no positional preference (shared across layers)
-        self.bias = nn.Parameter(torch.zeros(cfg.num_buckets, dims.n_head))
+        # one table shared by all layers, initialized as the reference implementation does
+        # (Hugging Face's T5: normal with std d_model^-1/2)
+        self.bias = nn.Parameter(torch.randn(cfg.num_buckets, dims.n_head) * dims.d_model ** -0.5)
 
     def score_mod(self, q, k, pos, layer):
         md = self.cfg.max_distance

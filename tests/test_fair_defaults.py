@@ -1,0 +1,62 @@
+"""Defaults that train every encoding fairly: the optimizer treatment of position parameters and
+each encoding's initialization as its reference gives it (docs/encodings.md, "Training
+defaults")."""
+import argparse
+import math
+
+import pytest
+import torch
+
+import posbench
+from posbench.encodings import registry
+from posbench.train import make_optimizer
+
+SMALL = ["model.n_layer=2", "model.d_model=64", "model.n_head=4", "train.seq_len=64"]
+WITH_PARAMETERS = [name for name in sorted(registry())
+                   if any(True for _ in posbench.build_model(posbench.compose(
+                       [f"encoding={name}", *SMALL])).encoding.parameters())]
+
+
+def build(*overrides):
+    torch.manual_seed(0)
+    return posbench.build_model(posbench.compose([*SMALL, *overrides]))
+
+
+@pytest.mark.parametrize("name", WITH_PARAMETERS)
+def test_position_parameters_get_no_weight_decay_and_weight_matrices_do(name):
+    model = build(f"encoding={name}")
+    optimizer = make_optimizer(model, argparse.Namespace(lr=1e-3, weight_decay=0.1),
+                               torch.device("cpu"))
+    decay_of = {id(p): group["weight_decay"] for group in optimizer.param_groups
+                for p in group["params"]}
+    assert len(decay_of) == len(list(model.parameters()))  # every parameter exactly once
+    for p in model.encoding.parameters():
+        assert decay_of[id(p)] == 0.0
+    for block in model.blocks:
+        assert decay_of[id(block.attn.qkv.weight)] == 0.1
+        assert decay_of[id(block.ln_1.weight)] == 0.0
+
+
+def test_position_parameters_keep_their_values_under_a_decayed_step_with_zero_gradient():
+    # AdamW with zero gradients moves a parameter only through weight decay
+    model = build("encoding=t5")
+    optimizer = make_optimizer(model, argparse.Namespace(lr=1.0, weight_decay=0.5),
+                               torch.device("cpu"))
+    before = model.encoding.bias.detach().clone()
+    token_before = model.tok_emb.weight.detach().clone()
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    torch.testing.assert_close(model.encoding.bias, before, rtol=0, atol=0)
+    torch.testing.assert_close(model.tok_emb.weight, token_before * 0.5, rtol=0, atol=0)
+
+
+def test_t5_bias_starts_as_the_reference_initializes_it():
+    # Hugging Face's T5: relative_attention_bias ~ N(0, d_model^-1/2); 4096 draws
+    model = build("encoding=t5", "encoding.num_buckets=512",
+                  "encoding.max_distance=1024", "model.n_head=8")
+    bias = model.encoding.bias.detach().double()
+    assert bias.shape == (512, 8)
+    std = 64 ** -0.5
+    assert abs(bias.mean()) < 4 * std / math.sqrt(bias.numel())
+    assert bias.std() == pytest.approx(std, rel=0.05)
