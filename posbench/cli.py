@@ -226,6 +226,11 @@ def main() -> None:
             if _job_errors:
                 sys.exit(max(_job_errors))
         elif verb == "eval":
+            if "--help" in rest or "-h" in rest:  # posbench's eval help needs no RUN_DIR
+                sys.argv = ["posbench eval", "--config-path=pkg://posbench.conf",
+                            "--config-name=config", "--help", "hydra/help=eval"]
+                eval_app()
+                return
             run_dir = run_dir_arg(verb, rest, "posbench eval RUN_DIR [overrides]")
             sys.argv = ["posbench eval", f"--config-path={run_dir / '.hydra'}",
                         "--config-name=config", f"hydra.run.dir={run_dir}",

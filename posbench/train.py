@@ -23,7 +23,6 @@ from typing import Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from tqdm import tqdm
 
 import posbench
 from posbench import distributed
@@ -36,6 +35,7 @@ from posbench.data.windows import check_train_len, eval_plan, train_batch
 from posbench.evaluate import evaluate
 from posbench.io import write_json
 from posbench.loggers import NoLogger, make_logger
+from posbench.progress import Bar
 from posbench.results import RESULTS, load_results, print_curve, results_record, write_results
 
 # config keys that change neither the weights nor the training loss: they may differ on resume
@@ -262,9 +262,9 @@ def fit(cfg: DictConfig, start: Start, run_dir: Path, logger, progress: Progress
         return seconds + time.perf_counter() - session
 
     model.train()
-    bar = tqdm(range(first, t.steps), initial=first, total=t.steps,
-               desc=f"train {cfg.encoding.name}", unit="step", disable=not distributed.is_main())
-    for step in bar:
+    bar = Bar(f"train {cfg.encoding.name}", t.steps, "step", initial=first,
+              enabled=distributed.is_main())
+    for step in range(first, t.steps):
         lr = lr_at(step, t)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -280,6 +280,7 @@ def fit(cfg: DictConfig, start: Start, run_dir: Path, logger, progress: Progress
         losses[n] = distributed.mean(loss.detach())  # the global batch's loss on every rank
         n += 1
         done = step + 1
+        bar.update()
         log = n == t.log_every or done == t.steps
         save = done == t.steps or (t.ckpt_every > 0 and done % t.ckpt_every == 0)
         if device.type == "cpu" or log or save:
@@ -288,7 +289,7 @@ def fit(cfg: DictConfig, start: Start, run_dir: Path, logger, progress: Progress
             final_loss = losses[:n].mean().item()
             n = 0
             tps = tokens_per_step * (done - first) / (time.perf_counter() - session)
-            bar.set_postfix(loss=f"{final_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:.0f}")
+            bar.log(loss=f"{final_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:.0f}")
             logger.log({"train/step": done, "train/loss": final_loss, "train/lr": lr,
                         "train/tokens_per_second": tps})
         if save and distributed.is_main():

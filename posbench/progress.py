@@ -1,0 +1,48 @@
+"""Progress of training and evaluation: a tqdm bar on a terminal; off one (a log file, SLURM,
+joblib), one plain line per `log` call, since tqdm there writes a carriage-return frame per
+refresh."""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Optional
+
+from tqdm import tqdm
+
+
+class Bar:
+    """Counts `total` units from `initial`: `update()` after each, `log(...)` where a line is due
+    (called after at least one update)."""
+
+    def __init__(self, desc: str, total: int, unit: str, initial: int = 0, enabled: bool = True):
+        self.desc, self.total, self.unit, self.initial = desc, total, unit, initial
+        self.n, self.enabled = initial, enabled
+        self.stream = sys.stderr  # tqdm's stream
+        self.started = time.perf_counter()
+        self.tqdm = (tqdm(total=total, initial=initial, desc=desc, unit=unit, file=self.stream,
+                          disable=not enabled) if self.stream.isatty() else None)
+
+    def update(self) -> None:
+        self.n += 1
+        if self.tqdm is not None:
+            self.tqdm.update()
+
+    def log(self, where: Optional[str] = None, **fields) -> None:
+        """tqdm: the fields as its postfix. Plain: `desc: where k=v ... elapsed=.. eta=..`, where
+        defaults to `unit n/total`."""
+        if self.tqdm is not None:
+            self.tqdm.set_postfix(fields)
+            return
+        if not self.enabled:
+            return
+        elapsed = time.perf_counter() - self.started
+        # the rate of this session's units: a resumed run's earlier steps took no time here
+        eta = elapsed / (self.n - self.initial) * (self.total - self.n)
+        parts = [where or f"{self.unit} {self.n}/{self.total}",
+                 *(f"{key}={value}" for key, value in fields.items()),
+                 f"elapsed={tqdm.format_interval(elapsed)}", f"eta={tqdm.format_interval(eta)}"]
+        print(f"{self.desc}: " + " ".join(parts), file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.tqdm is not None:
+            self.tqdm.close()
