@@ -11,11 +11,8 @@ from typing import List
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
-
-from posbench.config import EvalConfig
 from posbench.data.windows import EvalPlan, eval_plan
-from posbench.encodings.base import EVAL_OPTIONS
+from posbench.progress import Bar
 
 MAX_BINS = 64  # per-position bins per length
 
@@ -35,15 +32,15 @@ def evaluate(model, data, eval_cfg, device: torch.device) -> List[dict]:
     """One curve point per length: mean next-token loss (nats) over the scored tokens, ppl = exp.
     A length that runs out of memory is recorded as such and the others still run."""
     model.eval()
-    # a key missing from a partial eval config takes EvalConfig's default
-    model.encoding.set_eval_options(*(eval_cfg.get(key, getattr(EvalConfig, key))
-                                      for key in EVAL_OPTIONS))
+    model.encoding.set_eval_options(eval_cfg.get("rope_scaling", "none"),
+                                    eval_cfg.get("logn_scaling", False))
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
                 else nullcontext())
     # every length's windows are checked before the first is scored
     plans = [eval_plan(data, length, eval_cfg) for length in eval_cfg.lengths]
     curve = []
-    for plan in tqdm(plans, desc="eval", unit="length"):
+    bar = Bar("eval", len(plans), "length")
+    for plan in plans:
         try:
             with autocast:
                 curve.append(_score(model, plan, eval_cfg.batch_tokens, device))
@@ -53,6 +50,11 @@ def evaluate(model, data, eval_cfg, device: torch.device) -> List[dict]:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             curve.append({"length": plan.length, "status": "oom"})
+        bar.update()
+        point = curve[-1]
+        bar.log(f"length {plan.length} ({bar.n}/{bar.total})",
+                ppl=f"{point['ppl']:.3f}" if "ppl" in point else point["status"])
+    bar.close()
     return curve
 
 
