@@ -51,9 +51,9 @@ class CausalSelfAttention(nn.Module):
 
 
 def logn_scale(n: int, train_len: int, device=None) -> torch.Tensor:
-    """(n, 1) float64 kappa_i = max(1, log(i+1) / log L) for query index i (ENCODINGS.md §6.5,
-    QwenLM/Qwen logn_attn). i counts tokens in the sequence, not position ids, so a shifted `pos`
-    leaves it alone."""
+    """(n, 1) float64 kappa_i = max(1, log(i+1) / log L) for query index i (QwenLM/Qwen
+    logn_attn; docs/encodings.md#eval-time-options). i counts tokens in the sequence, not position
+    ids, so a shifted `pos` leaves it alone."""
     seen = torch.arange(1, n + 1, dtype=torch.float64, device=device)
     return (seen.log() / math.log(train_len)).clamp(min=1).unsqueeze(-1)
 

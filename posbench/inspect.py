@@ -4,7 +4,8 @@
   principal components, and cos(P[t], P[t+Δ]) against Δ averaged over trained rows t < L.
 - inspect_attention.png: per layer and head, the mean attention mass by lag (log-binned) on a few
   validation windows at each inspected length, and the mass on keys with lag > L at lengths past L
-  (ENCODINGS.md §1.4: far logits that only decay to 0 keep a share that grows with the length).
+  (docs/encodings.md#group-family: far logits that only decay to 0 keep a share that grows with
+  the length).
 - inspect.json: the numbers of both plots.
 Only these three files are written (atomically); results and the checkpoint are never touched.
 """

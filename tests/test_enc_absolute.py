@@ -42,7 +42,7 @@ def test_integer_raw_moves_every_component_by_t_with_alternating_signs():
 
 
 def test_layernorm_erases_t_times_ones_but_not_the_alternating_vector():
-    """Why integer PE deviates from the spec's t*1: LayerNorm removes the all-ones direction."""
+    """Why integer PE deviates from the usual t*1: LayerNorm removes the all-ones direction."""
     x = torch.randn(10, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     t = torch.arange(10, dtype=torch.float64).unsqueeze(-1) * 7
     torch.testing.assert_close(F.layer_norm(x + t, (16,)), F.layer_norm(x, (16,)),

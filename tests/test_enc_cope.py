@@ -1,4 +1,4 @@
-"""CoPE (shared/ENCODINGS.md 5.2): gated counts as positions, interpolated embeddings."""
+"""CoPE (docs/encodings.md#contextual-family): gated counts as positions, interpolated table."""
 import math
 
 import pytest

@@ -1,4 +1,4 @@
-"""Defining property tests of the runner's six encodings (shared/ENCODINGS.md)."""
+"""Defining property tests of the runner's six encodings (docs/encodings.md, by family)."""
 import math
 
 import pytest

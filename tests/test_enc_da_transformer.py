@@ -1,4 +1,4 @@
-"""DA-Transformer (shared/ENCODINGS.md 5.1): ReLU(q.k) times a learned sigmoid of |i-j|."""
+"""DA-Transformer (docs/encodings.md#contextual-family): ReLU(q.k) times a sigmoid of |lag|."""
 import math
 
 import pytest

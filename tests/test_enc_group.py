@@ -1,6 +1,6 @@
-"""Defining tests of the one-parameter group family exp(tX) (shared/ENCODINGS.md §1.6).
+"""Defining tests of the one-parameter group family exp(tX) (docs/encodings.md#group-family).
 
-The reference generators here are built from the spec's formulas, independently of
+The reference generators here are built from that section's formulas, independently of
 posbench/encodings/group.py: X = a I + ⊕_b (I_k ⊗ C(0, -θ_b) + ε N_k ⊗ I_2) in the half-split
 layout, where pair p is the coordinates (p, p + d/2).
 """
@@ -243,10 +243,11 @@ def test_alibi_as_group_logits_equal_alibi(n_head):
     assert (build("nope", *shape, seed=2)(idx) - expected).abs().max() > 1e-4  # ALiBi matters
 
 
-# --- the fast path against the reference path (§1.4.3) ------------------------------------------
+# --- the fast path against the reference path -------------------------------------------------
 def reference_logits(enc, q, k, rows):
-    """§1.4.3 for the query `rows` of one head, in float64: ℓ = Σ_r (Δ^r / r!) e^{aΔ} ⊙ S_r with
-    S_r the RoPE scores (rope.py) of q against the keys shifted along each chain by (ε_b N)^r."""
+    """The reference path for the query `rows` of one head, in float64:
+    ℓ = Σ_r (Δ^r / r!) e^{aΔ} ⊙ S_r with S_r the RoPE scores (rope.py) of q against the keys
+    shifted along each chain by (ε_b N)^r."""
     size, d, T = enc.cfg.block_size, q.shape[-1], q.shape[0]
     theta, eps = enc.frequencies()[0], enc.shears()[0]
     m = theta.shape[0] * size  # pairs under the generator; the rest are NoPE

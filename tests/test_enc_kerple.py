@@ -1,4 +1,4 @@
-"""KERPLE log and power (shared/ENCODINGS.md 4.5)."""
+"""KERPLE log and power (docs/encodings.md#bias-family)."""
 import gc
 import math
 

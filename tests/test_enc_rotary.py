@@ -1,5 +1,5 @@
-"""Defining property tests of the rotary encodings (shared/ENCODINGS.md §3): RoPE's layout, p-RoPE,
-2-D RoPE and xPos."""
+"""Defining property tests of the rotary encodings (docs/encodings.md#rotary-family): RoPE's layout,
+p-RoPE, 2-D RoPE and xPos."""
 import math
 
 import pytest

@@ -1,4 +1,4 @@
-"""Sandwich (shared/ENCODINGS.md 4.7): parameter-free sinusoid inner product, scaled per head."""
+"""Sandwich (docs/encodings.md#bias-family): parameter-free sinusoid product, scaled per head."""
 import math
 
 import pytest
@@ -41,7 +41,7 @@ def positions(strides, T, offset):
     return pos[:1].expand(len(strides), T) if len(set(strides)) == 1 else pos
 
 
-# reference values of ENCODINGS.md 4.7 (d'=64, h=1, H=8) and the decimals they are given to
+# reference values (d'=64, h=1, H=8; docs/encodings.md#bias-family), decimals as listed
 REFERENCE = [(0, 0.0, 1), (1, -0.62, 2), (5, -7.8, 1), (50, -16.3, 1), (500, -23.7, 1),
              (2000, -30.0, 1)]
 
@@ -53,7 +53,7 @@ def test_reference_values_at_the_precision_they_are_listed():
     row = bias_matrix(enc, pos)[0, 0, -1]
     by_lag = {2000 - int(p): float(b) for p, b in zip(pos[0], row)}
     for lag, expected, decimals in REFERENCE:
-        # half a unit of the last listed digit: the spec's 1e-3 is finer than -0.62 or -7.8 allow
+        # half a unit of the last listed digit: a fixed 1e-3 is finer than -0.62 or -7.8 allow
         assert abs(by_lag[lag] - expected) <= 0.5 * 10.0 ** -decimals + 1e-6, (lag, by_lag[lag])
         assert by_lag[lag] == pytest.approx(direct_bias(lag, 64, 1, 8), abs=2e-5)
 

@@ -1,4 +1,4 @@
-"""Shaw et al. relative keys and values (shared/ENCODINGS.md 4.2)."""
+"""Shaw et al. relative keys and values (docs/encodings.md#bias-family)."""
 import math
 
 import pytest

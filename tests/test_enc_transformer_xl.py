@@ -1,4 +1,4 @@
-"""Transformer-XL relative attention (shared/ENCODINGS.md 4.3)."""
+"""Transformer-XL relative attention (docs/encodings.md#bias-family)."""
 import math
 
 import pytest

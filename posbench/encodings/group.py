@@ -1,16 +1,16 @@
 """The one-parameter group family: logits q_i^T exp((i - j) X) k_j for a generator X in real Jordan
-form (ENCODINGS.md §1). One module, `GroupPE`, registered under several presets.
+form (docs/encodings.md#group-family). One module, `GroupPE`, registered under several presets.
 
 Generator of one head, on its half-split layout (pair p = (x_p, x_{p+d/2})):
 
     X = a_h I  +  ⊕_b C_k(0, -θ_b)  ⊕  0,    C_k(0, -θ) = I_k ⊗ C(0, -θ) + ε N_k ⊗ I_2
 
 a chain b of k consecutive pairs per Jordan block; pairs past the last chain are NoPE channels.
-On one chain exp(tC_k) = Σ_{r<k} ((εt)^r / r!) N_k^r ⊗ R(-θt) (§1.4.1). The sign of θ is chosen so
+On one chain exp(tC_k) = Σ_{r<k} ((εt)^r / r!) N_k^r ⊗ R(-θt). The sign of θ is chosen so
 that k = 1 is RoPE exactly: RoFormer rotates both q and k by +θt, so its lag i - j turns by -θ.
-Keys get G(j) = exp(-jX) and queries F(i) = exp(iX^T), so F(i)^T G(j) = exp((i - j)X) (§1.1).
+Keys get G(j) = exp(-jX) and queries F(i) = exp(iX^T), so F(i)^T G(j) = exp((i - j)X).
 
-Numerics (§1.4.2):
+Numerics:
 - the shear is εN_k with ε = 1/L (L = training length): similar to N_k, same group law, but
   εΔ <= 1 over the training range, so the polynomial terms stay small where the model is trained;
 - the decay is one rate a_h <= 0 per head, so it factors out of the head's dot product and is
@@ -18,7 +18,7 @@ Numerics (§1.4.2):
   e^{±a t} on q and k, which overflows fp32 once |a| t > 88;
 - angle and polynomial tables are built in float64, the transform itself runs in fp32.
 
-ALiBi as a group (§1.3): constant augmented coordinates q̄ = (1, 0), k̄ = (0, -m_h) under N_2 give
+ALiBi as a group: constant augmented coordinates q̄ = (1, 0), k̄ = (0, -m_h) under N_2 give
 q̄^T exp(ΔN_2) k̄ = -m_h Δ. A head's q and k cannot grow inside the attention, so this block enters
 through its content-independent logit b(Δ) = Σ_r c_r Δ^r, c_r = q̄^T N^r k̄ / r!, added by
 `score_mod` after the 1/sqrt(d) scaling, where ALiBi adds its bias.
@@ -260,5 +260,5 @@ class GroupPE(PositionalEncoding):
         if self.cfg.decay == "none":
             return []
         return ["decay drives far logits to 0, not -inf: in softmax the far keys keep weight e^0 "
-                "(ENCODINGS.md §1.4, softmax caveat)"]
+                "(docs/encodings.md#group-family)"]
 

@@ -1,11 +1,12 @@
 """Integer positions added to every component of the input embedding (the HF blog's first naive
 scheme): raw t, or t normalized by the current length or by the training length.
 
-Deviation from ENCODINGS.md §2.2, which adds t*1: in this pre-LayerNorm GPT the all-ones
-direction is exactly what every LayerNorm subtracts with the mean, so x_t + t*1 reaches no block
-and no logit (only rounding of x_t + t would). posbench adds t*u with u = (+1, -1, +1, ...): every
-component still moves by t and |PE(t)| = t*sqrt(D) as in the spec, but u is orthogonal to 1, so
-the position survives LayerNorm and large t swamps the token embedding as the spec describes.
+Deviation from the scheme as usually written, which adds t*1 (docs/encodings.md#absolute-family):
+in this pre-LayerNorm GPT the all-ones direction is exactly what every LayerNorm subtracts with
+the mean, so x_t + t*1 reaches no block and no logit (only rounding of x_t + t would). posbench
+adds t*u with u = (+1, -1, +1, ...): every component still moves by t and |PE(t)| = t*sqrt(D) as
+with t*1, but u is orthogonal to 1, so the position survives LayerNorm and large t swamps the
+token embedding as t*1 would.
 """
 from dataclasses import dataclass
 
