@@ -5,11 +5,16 @@ Public API (stable):
     model = posbench.build_model(cfg)
     logits = model(idx, pos=None)
     posbench.list_encodings()
+    run = posbench.load_run("outputs/...")  # a finished run dir: run.model (eval mode, on CPU
+    run.config, run.results                 # or device=...), its config, its results.json
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Union
 
+import torch
 from omegaconf import DictConfig
 
 from posbench.config import ConfigError, check, register_schemas
@@ -45,4 +50,26 @@ def build_model(cfg: DictConfig, vocab_size: Optional[int] = None):
                m.mlp_ratio, build_encoding(cfg, dims))
 
 
-__all__ = ["ConfigError", "build_model", "compose", "list_encodings", "__version__"]
+@dataclass
+class Run:
+    """A finished run, as posbench.load_run reads it from its run dir."""
+    model: torch.nn.Module  # the trained model, in eval mode
+    config: DictConfig  # the config it was trained with
+    results: dict  # its results.json
+    run_dir: Path
+
+
+def load_run(run_dir: Union[str, Path], device: Union[str, torch.device] = "cpu") -> Run:
+    """The trained model of a finished run dir (`posbench train`'s hydra.run.dir, or a sweep's
+    job dir) on `device`, with its config and results; ConfigError, in one line, for a run dir
+    that holds no finished run or a checkpoint that fails its digest."""
+    from posbench.train import finished_results, trained_model
+
+    run_dir = Path(run_dir)
+    results = finished_results(run_dir)
+    trained = trained_model(run_dir, device)
+    return Run(trained.model, trained.config, results, run_dir)
+
+
+__all__ = ["ConfigError", "Run", "build_model", "compose", "list_encodings", "load_run",
+           "__version__"]

@@ -1,50 +1,68 @@
-"""checkpoint.pt: a one-line JSON header (format, byte count, sha256 of the payload), then the
-payload, a torch.save of the training state. Written atomically; a corrupt or truncated file is
-refused by its checksum with one clear line instead of being loaded."""
+"""checkpoint.pt: a plain torch.save of the training state (tensors and plain containers only, so
+`torch.load(path, weights_only=True)` opens it as it is), and beside it checkpoint.pt.sha256, its
+digest in `sha256sum` format (`sha256sum -c checkpoint.pt.sha256` checks it). A corrupt or
+truncated checkpoint is refused by its digest with one clear line instead of being loaded.
+
+Written atomically, in an order that keeps the digest of the checkpoint on disk listed after a
+crash at any point: the new digest goes to checkpoint.pt.sha256.next (accepted too), then the new
+checkpoint replaces the old, then the .next file replaces checkpoint.pt.sha256. That last step is
+one rename, so a Ctrl-C between the checkpoint being in place and save_checkpoint returning (the
+caller then believes the older one is kept) has almost no room to land."""
 from __future__ import annotations
 
 import hashlib
 import io
-import json
+import os
 import pickle
 from pathlib import Path
+from typing import List, Tuple
 
 import torch
 
 from posbench.config import ConfigError
-from posbench.io import atomic_path
+from posbench.io import atomic_path, write_text
 
 CHECKPOINT = "checkpoint.pt"
-MAGIC = b"posbench-checkpoint "
-FORMAT = 1
+
+
+def digest_paths(path: Path) -> Tuple[Path, Path]:
+    """The digest file of `path`, and the one of a checkpoint being written."""
+    return path.with_name(path.name + ".sha256"), path.with_name(path.name + ".sha256.next")
+
+
+def accepted_digests(path: Path) -> List[str]:
+    """The sha256 digests that the digest files of `path` list."""
+    return [line.split()[0] for file in digest_paths(path) if file.exists()
+            for line in file.read_text().splitlines() if line.strip()]
 
 
 def save_checkpoint(path: Path, state: dict) -> None:
+    path = Path(path)
+    digests, pending = digest_paths(path)
+    # serialized in memory, written by Python: a full disk is then an OSError naming its cause,
+    # where torch.save into a file raises an opaque RuntimeError
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    payload = buffer.getvalue()
-    header = {"format": FORMAT, "bytes": len(payload),
-              "sha256": hashlib.sha256(payload).hexdigest()}
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        f.write(MAGIC + json.dumps(header).encode() + b"\n")
-        f.write(payload)
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(buffer.getbuffer())
+        write_text(pending, f"{hashlib.sha256(buffer.getbuffer()).hexdigest()}  {path.name}\n")
+    os.replace(pending, digests)
 
 
 def load_checkpoint(path: Path) -> dict:
-    """The saved state, on CPU, after checking the payload against the header."""
+    """The saved state, on CPU, after checking it against its digest file."""
+    path = Path(path)
+    digests = digest_paths(path)[0]
     try:
-        first, _, payload = Path(path).read_bytes().partition(b"\n")
-        if not first.startswith(MAGIC):
-            raise ValueError("not a posbench checkpoint")
-        header = json.loads(first[len(MAGIC):])
-        if header["format"] != FORMAT:
-            raise ValueError(f"format {header['format']}, expected {FORMAT}")
-        if len(payload) != header["bytes"]:
-            raise ValueError(f"truncated: {len(payload)} of {header['bytes']} payload bytes")
-        if hashlib.sha256(payload).hexdigest() != header["sha256"]:
-            raise ValueError("sha256 mismatch")
-        return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
-    except (OSError, ValueError, KeyError, RuntimeError, pickle.UnpicklingError) as err:
+        blob = path.read_bytes()
+        accepted = accepted_digests(path)
+        if not accepted:
+            raise ValueError(f"no {digests.name} beside it")
+        if hashlib.sha256(blob).hexdigest() not in accepted:
+            raise ValueError(f"sha256 mismatch with {digests.name}")
+        return torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+    except (OSError, ValueError, RuntimeError, pickle.UnpicklingError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ConfigError(f"checkpoint {path} is corrupt or unreadable ({reason}); expected one "
-                          "written by posbench: delete it to train from step 0") from None
+                          f"written by posbench with its {digests.name}: delete {path.name}* to "
+                          "train from step 0 (nothing was overwritten)") from None

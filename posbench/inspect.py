@@ -19,7 +19,6 @@ import torch
 from omegaconf import OmegaConf
 
 from posbench.attention import BLOCK_ELEMENTS, attention_probs
-from posbench.checkpoint import CHECKPOINT, load_checkpoint
 from posbench.config import ConfigError
 from posbench.data import prepare
 from posbench.data.windows import eval_plan
@@ -33,15 +32,17 @@ WINDOWS = 4  # validation windows per length: enough for a mean, cheap on CPU
 
 def inspect_run(run_dir: Path, lengths: Optional[List[int]] = None) -> dict:
     """Write the inspect plots and inspect.json into `run_dir`; lengths default to L and 4L."""
-    state = load_checkpoint(run_dir / CHECKPOINT)
-    cfg = OmegaConf.create(state["config"])
+    trained = trained_model(run_dir)  # on CPU until its config names the device
+    cfg = trained.config
     train_len = cfg.train.seq_len
     lengths = lengths or [train_len, 4 * train_len]
     data = prepare(cfg.dataset)
-    model = trained_model(state, run_dir / CHECKPOINT, data, resolve_device(cfg.device))
+    trained.require_corpus(data)
+    model = trained.model.to(resolve_device(cfg.device))
     record = {"encoding": cfg.encoding.name, "train_len": train_len, "windows": WINDOWS}
-    if TABLE in state["model"]:
-        table = state["model"][TABLE].float()
+    weights = model.state_dict()
+    if TABLE in weights:
+        table = weights[TABLE].float().cpu()
         record["positions"] = position_summary(table, train_len)
         plot_positions(table, train_len, record["positions"], run_dir / "inspect_positions.png")
     else:

@@ -8,11 +8,11 @@ from typing import List
 
 from omegaconf import DictConfig
 
-from posbench.checkpoint import CHECKPOINT, load_checkpoint
+from posbench.checkpoint import CHECKPOINT
 from posbench.config import ConfigError
 from posbench.evaluate import evaluate
 from posbench.results import print_curve, results_record, write_results
-from posbench.train import prepare_run, read_results, trained_model
+from posbench.train import finished_results, prepare_run, trained_model
 
 
 def results_name(run_dir: Path, overrides: List[str]) -> str:
@@ -30,15 +30,11 @@ def reevaluate(cfg: DictConfig, run_dir: Path, overrides: List[str]) -> dict:
     if any(not o.startswith(("eval.", "device=", "hydra")) for o in overrides):
         raise ConfigError(f"overrides {overrides} are not accepted by posbench eval; expected "
                           "eval.* keys and device= only (the model is the trained one)")
-    trained = read_results(run_dir)
-    if trained is None or trained.get("status") != "ok":
-        status = "none" if trained is None else trained.get("status")
-        raise ConfigError(f"run dir {str(run_dir)!r} holds no finished results.json (status "
-                          f"{status}); expected a run that finished: `posbench train` with its "
-                          "config resumes it")
+    trained = finished_results(run_dir)
     device, data = prepare_run(cfg)
-    model = trained_model(load_checkpoint(run_dir / CHECKPOINT), run_dir / CHECKPOINT, data,
-                          device)
+    loaded = trained_model(run_dir, device)
+    loaded.require_corpus(data)
+    model = loaded.model
     curve = evaluate(model, data, cfg.eval, device)
     record = results_record(cfg, model, data, curve, train=trained["train"])
     record["evaluated_from"] = str(run_dir / CHECKPOINT)

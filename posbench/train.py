@@ -11,6 +11,8 @@ A run that fails once started writes results.json with status failed and the rea
 its last good checkpoint, from which the next start resumes. A non-finite loss is such a failure:
 on CPU it is caught at the step that made it; on CUDA, to spare a host sync per step, at the next
 log step or checkpoint, always before the bad weights are saved, so the checkpoint kept is good.
+One process at a time runs a run dir: it holds run.lock from plan_run to the end of train; a
+second start is refused while the owner lives, and a killed owner's lock is taken over.
 """
 from __future__ import annotations
 
@@ -33,13 +35,14 @@ from posbench.data.tasks import IGNORE
 from posbench.data.tokens import TokenData
 from posbench.data.windows import check_train_len, eval_plan, train_batch
 from posbench.evaluate import evaluate
-from posbench.io import write_json
+from posbench.io import FileLock, LockHeld, write_json
 from posbench.loggers import NoLogger, make_logger
 from posbench.progress import Bar
 from posbench.results import RESULTS, load_results, print_curve, results_record, write_results
 
 # config keys that change neither the weights nor the training loss: they may differ on resume
 RESUME_FREE = ("eval.", "logger.", "train.resume", "train.ckpt_every", "dataset.cache_dir")
+LOCK = "run.lock"  # held by the one process that runs the run dir
 
 
 class RunFailed(Exception):
@@ -52,11 +55,16 @@ class Interrupted(KeyboardInterrupt):
 
 @dataclass
 class Start:
-    """A run whose config and run dir were accepted, before anything is written."""
+    """A run whose config and run dir were accepted, before anything but its lock is written."""
     device: torch.device
     data: TokenData
     model: torch.nn.Module
     state: Optional[dict]  # the checkpoint to resume from; None: step 0
+    lock: Optional[FileLock]  # the run dir's, held until the run ends; None on ranks > 0
+
+    def release(self) -> None:
+        if self.lock:
+            self.lock.release()
 
 
 @dataclass
@@ -136,6 +144,17 @@ def read_results(run_dir: Path) -> Optional[dict]:
                           "posbench: delete it to run again") from None
 
 
+def finished_results(run_dir: Path) -> dict:
+    """The run's results.json, refused unless the run finished (status ok)."""
+    record = read_results(run_dir)
+    if record is None or record.get("status") != "ok":
+        status = "none" if record is None else record.get("status")
+        raise ConfigError(f"run dir {str(run_dir)!r} holds no finished results.json (status "
+                          f"{status}); expected a run that finished: `posbench train` with its "
+                          "config resumes it")
+    return record
+
+
 def finished(cfg: DictConfig, run_dir: Path) -> bool:
     """Whether the run dir holds this run's results with status ok, so there is nothing to do.
     Another config's results are refused, never mistaken for this run's."""
@@ -146,27 +165,50 @@ def finished(cfg: DictConfig, run_dir: Path) -> bool:
     return True
 
 
+def lock_run_dir(run_dir: Path) -> FileLock:
+    """The run dir's lock, so that two processes (a sweep started twice, a requeued job beside
+    its old self) never train one run dir at once and race on its checkpoint."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        lock = FileLock(run_dir / LOCK)
+    except LockHeld as owner:
+        raise ConfigError(f"run dir {str(run_dir)!r} is not accepted: {owner} is running it "
+                          f"(its {LOCK}); expected one process per run dir: wait for that one to "
+                          "end, or stop it (nothing was overwritten)") from None
+    if lock.stale_owner:
+        print(f"posbench: took over the stale lock of run dir {str(run_dir)!r}: "
+              f"{lock.stale_owner} is gone", flush=True)
+    return lock
+
+
 def plan_run(cfg: DictConfig, run_dir: Path) -> Start:
-    """Checks the config against the data and the run dir, and builds the model, from its
-    checkpoint when there is one. Writes nothing."""
+    """Takes the run dir's lock (on rank 0), checks the config against the data and the run dir,
+    and builds the model, from its checkpoint when there is one. Writes nothing but the lock,
+    which it releases when it refuses."""
     run_dir = Path(run_dir)
-    # the run dir first: refusing it costs nothing, preparing the data may tokenize a corpus
-    held = [p.name for p in (run_dir / RESULTS, run_dir / CHECKPOINT) if p.exists()]
-    if held and not cfg.train.resume:
-        raise ConfigError(f"train.resume=false is not accepted: run dir {str(run_dir)!r} holds "
-                          f"{' and '.join(held)}; expected train.resume=true to continue that run, "
-                          "or a new run dir (nothing was overwritten)")
-    if finished(cfg, run_dir):
-        raise ConfigError(f"run dir {str(run_dir)!r} already holds results.json (status ok); "
-                          "expected a new run dir (nothing was overwritten)")
-    device, data = prepare_run(cfg)
-    torch.manual_seed(cfg.seed)
-    model = posbench.build_model(cfg, data.vocab_size)
-    state = None
-    if (run_dir / CHECKPOINT).exists():
-        state = load_checkpoint(run_dir / CHECKPOINT)
-        check_resumable(cfg, state, run_dir / CHECKPOINT, data, model)
-    return Start(device, data, model.to(device), state)
+    lock = lock_run_dir(run_dir) if distributed.is_main() else None
+    try:
+        # the run dir first: refusing it costs nothing, preparing the data may tokenize a corpus
+        held = [p.name for p in (run_dir / RESULTS, run_dir / CHECKPOINT) if p.exists()]
+        if held and not cfg.train.resume:
+            raise ConfigError(f"train.resume=false is not accepted: run dir {str(run_dir)!r} "
+                              f"holds {' and '.join(held)}; expected train.resume=true to "
+                              "continue that run, or a new run dir (nothing was overwritten)")
+        if finished(cfg, run_dir):
+            raise ConfigError(f"run dir {str(run_dir)!r} already holds results.json (status ok); "
+                              "expected a new run dir (nothing was overwritten)")
+        device, data = prepare_run(cfg)
+        torch.manual_seed(cfg.seed)
+        model = posbench.build_model(cfg, data.vocab_size)
+        state = None
+        if (run_dir / CHECKPOINT).exists():
+            state = load_checkpoint(run_dir / CHECKPOINT)
+            check_resumable(cfg, state, run_dir / CHECKPOINT, data, model)
+        return Start(device, data, model.to(device), state, lock)
+    except BaseException:
+        if lock:
+            lock.release()
+        raise
 
 
 def check_resumable(cfg: DictConfig, state: dict, path: Path, data: TokenData, model) -> None:
@@ -176,8 +218,8 @@ def check_resumable(cfg: DictConfig, state: dict, path: Path, data: TokenData, m
                           f"{state['posbench']}; expected one of posbench {posbench.__version__} "
                           "to resume, or a new run dir (nothing was overwritten)")
     require_same_run(cfg, state["config"], path)
-    require_same_corpus(state, path, data, "the same corpus to resume, or a new run dir "
-                        "(nothing was overwritten)")
+    require_same_corpus(state["dataset"], path, data, "the same corpus to resume, or a new run "
+                        "dir (nothing was overwritten)")
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as err:  # eval.lengths can size a learned table
@@ -189,19 +231,39 @@ def check_resumable(cfg: DictConfig, state: dict, path: Path, data: TokenData, m
                           f"trained with: {saved}") from None
 
 
-def require_same_corpus(state: dict, path: Path, data: TokenData, expected: str) -> None:
-    if state["dataset"] != data.fingerprint:
+def require_same_corpus(trained_on: str, path: Path, data: TokenData, expected: str) -> None:
+    """Refuses data other than the corpus (fingerprint `trained_on`) that `path` was trained on."""
+    if trained_on != data.fingerprint:
         raise ConfigError(f"dataset {data.name} now has fingerprint {data.fingerprint}; {path} was "
-                          f"trained on {state['dataset']}; expected {expected}")
+                          f"trained on {trained_on}; expected {expected}")
 
 
-def trained_model(state: dict, path: Path, data: TokenData, device: torch.device):
-    """The model of checkpoint `state` (read from `path`) on `device`, in eval mode, once the
-    corpus is the one it was trained on: for `posbench eval` and `posbench inspect`."""
-    require_same_corpus(state, path, data, "the training corpus")
-    model = posbench.build_model(OmegaConf.create(state["config"]), data.vocab_size)
-    model.load_state_dict(state["model"])
-    return model.to(device).eval()
+@dataclass
+class Trained:
+    """A run's trained model and what it was trained with."""
+    model: torch.nn.Module  # in eval mode
+    config: DictConfig  # the config it was trained with
+    checkpoint: Path
+    dataset: str  # fingerprint of the corpus it was trained on
+
+    def require_corpus(self, data: TokenData) -> None:
+        require_same_corpus(self.dataset, self.checkpoint, data, "the training corpus")
+
+
+def trained_model(run_dir: Path, device="cpu") -> Trained:
+    """The model of run_dir's checkpoint on `device`, in eval mode: the one loader of trained
+    models, for `posbench eval`, `posbench inspect` and posbench.load_run."""
+    path = Path(run_dir) / CHECKPOINT
+    state = load_checkpoint(path)
+    config = OmegaConf.create(state["config"])
+    model = posbench.build_model(config, state["vocab_size"])
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as err:  # a checkpoint of another posbench version's model
+        raise ConfigError(f"{path} does not fit the model of its config "
+                          f"({' '.join(str(err).split())[:200]}); expected a checkpoint of "
+                          f"posbench {posbench.__version__}") from None
+    return Trained(model.to(device).eval(), config, path, state["dataset"])
 
 
 def rng_state(device: torch.device) -> dict:
@@ -295,9 +357,9 @@ def fit(cfg: DictConfig, start: Start, run_dir: Path, logger, progress: Progress
         if save and distributed.is_main():
             save_checkpoint(run_dir / CHECKPOINT, {
                 "posbench": posbench.__version__, "config": to_container(cfg),
-                "dataset": data.fingerprint, "step": done, "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(), "rng": rng_state(device),
-                "window": losses[:n].cpu(), "final_loss": final_loss,
+                "dataset": data.fingerprint, "vocab_size": data.vocab_size, "step": done,
+                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "rng": rng_state(device), "window": losses[:n].cpu(), "final_loss": final_loss,
                 "last_loss": progress.last_loss, "seconds": elapsed()})
             progress.saved_step = done
         progress.step = done
@@ -339,9 +401,18 @@ def train(cfg: DictConfig, run_dir: Path, group: str, name: str,
           start: Optional[Start] = None) -> Optional[dict]:
     """Trains (or resumes) the run in `run_dir`, evaluates it and writes its results; raises
     RunFailed after recording a failure in results.json. Under torchrun only rank 0 writes and
-    evaluates; the other ranks return None after training."""
+    evaluates; the other ranks return None after training. Releases the run dir's lock."""
     run_dir = Path(run_dir)
     start = start or plan_run(cfg, run_dir)
+    try:
+        return run_started(cfg, run_dir, group, name, start)
+    finally:
+        start.release()
+
+
+def run_started(cfg: DictConfig, run_dir: Path, group: str, name: str,
+                start: Start) -> Optional[dict]:
+    """train() once its run dir is planned (and locked)."""
     main = distributed.is_main()
     for tmp in run_dir.glob(f".{CHECKPOINT}.*"):  # a checkpoint write cut short by a kill
         if main:

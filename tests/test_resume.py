@@ -74,7 +74,8 @@ def test_a_run_killed_at_a_random_step_resumes_bit_for_bit(finished, tmp_path):
     assert not (run_dir / "results.json").exists(), "the run finished before it was killed"
     killed_at = load_checkpoint(run_dir / "checkpoint.pt")["step"]
 
-    posbench_train([*RUN, f"hydra.run.dir={run_dir}"], tmp_path)
+    proc = posbench_train([*RUN, f"hydra.run.dir={run_dir}"], tmp_path)
+    assert f"took over the stale lock of run dir {str(run_dir)!r}: pid " in proc.stdout
     record = results(run_dir)
     assert record["status"] == "ok"
     assert record["train"]["resumed_from_step"] == killed_at > 0
@@ -161,16 +162,21 @@ def other_version(path):
     save_checkpoint(path, {**load_checkpoint(path), "posbench": "0.0.1"})
 
 
-REFUSED = [
-    ([], corrupt, "sha256 mismatch"),
-    ([], truncate, "truncated"),
-    ([], other_version, "posbench 0.0.1"),
-    (["train.lr=0.01"], None, "train.lr=0.01"),
-    (["train.resume=false"], None, "train.resume=false"),
-]
+def without_digest(path):
+    (path.parent / "checkpoint.pt.sha256").unlink()
 
 
-@pytest.mark.parametrize("extra,damage,needle", REFUSED, ids=[n for _, _, n in REFUSED])
+REFUSED = {
+    "corrupt": ([], corrupt, "sha256 mismatch with checkpoint.pt.sha256"),
+    "truncated": ([], truncate, "sha256 mismatch with checkpoint.pt.sha256"),
+    "no digest": ([], without_digest, "no checkpoint.pt.sha256 beside it"),
+    "other version": ([], other_version, "posbench 0.0.1"),
+    "other config": (["train.lr=0.01"], None, "train.lr=0.01"),
+    "resume=false": (["train.resume=false"], None, "train.resume=false"),
+}
+
+
+@pytest.mark.parametrize("extra,damage,needle", REFUSED.values(), ids=REFUSED.keys())
 def test_a_run_dir_that_cannot_be_resumed_is_refused_in_one_line(finished, tmp_path, monkeypatch,
                                                                   capsys, extra, damage, needle):
     run_dir = copy_of(finished, tmp_path)
@@ -228,7 +234,9 @@ def test_a_full_disk_fails_in_one_line_and_leaves_no_partial_file(tmp_path, stdl
                           preexec_fn=limit_file_size)
     assert proc.returncode == 1
     [line] = error_lines(proc)
-    assert "File too large" in line and "at step 5 of 300" in line
+    assert "at step 5 of 300" in line
+    assert (f"could not write {tmp_path / 'run' / 'checkpoint.pt'} (File too large); no partial "
+            "checkpoint.pt was left") in line
     run_dir = tmp_path / "run"
     assert sorted(p.name for p in run_dir.iterdir()) == [".hydra", "results.json"]
     record = results(run_dir)

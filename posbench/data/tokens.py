@@ -2,6 +2,7 @@
 that training and evaluation read by memory map. Documents never cross the train/val split."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -15,6 +16,7 @@ import numpy as np
 
 from posbench.config import ConfigError
 from posbench.data.documents import file_digest
+from posbench.io import write_failed
 
 FORMAT = 1
 
@@ -66,6 +68,11 @@ def write_token_dir(target: Path, train: Iterable[np.ndarray], val: Iterable[np.
             shutil.rmtree(tmp)
         else:
             os.replace(tmp, target)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):  # a full disk, not a read
+            raise write_failed(target, err) from None
+        raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
