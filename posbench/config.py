@@ -7,6 +7,7 @@ posbench/encodings/base.py); `check()` validates the values that types alone can
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
@@ -73,8 +74,19 @@ class EvalConfig:
     # scores every token and ignores it
     stride: Optional[int] = None
     batch_tokens: int = 16384
+    # options applied at evaluation only, without retraining (docs/encodings.md, "Eval-time
+    # options"). rope_scaling (rotary encodings): none, pi, ntk, yarn, or dynamic_ntk (HF's).
+    # rope_scaling_factor: null is dynamic, s = max(1, n/L) recomputed for each evaluated length
+    # n (L = train.seq_len); a number > 1 is a static s, as the papers evaluate: the same
+    # frequencies at every length, also at n <= L. For dynamic_ntk it is HF's `factor` alpha
+    # (null: 1), s = max(1, alpha*n/L - (alpha-1)) per length.
     rope_scaling: str = "none"
+    rope_scaling_factor: Optional[float] = None
     logn_scaling: bool = False
+    # how encoding=randomized is evaluated (every other encoding reads 0..n-1): `random` draws
+    # sorted positions below encoding.max_len as in training, as its reference does, each window
+    # from its own fixed seed; `plain` feeds 0..n-1 (posbench/encodings/randomized.py)
+    randomized_positions: str = "random"
 
 
 @dataclass
@@ -99,6 +111,7 @@ class Config:
 
 PROTOCOLS = ("nonoverlapping", "sliding", "growing_context")
 ROPE_SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn")
+RANDOMIZED_POSITIONS = ("random", "plain")
 DEVICES = ("auto", "cpu", "cuda")
 LOGGERS = ("none", "wandb")
 LOGGER_MODES = ("offline", "online", "disabled")
@@ -142,6 +155,16 @@ def _check_stride(eval_cfg, lengths: List[int]) -> None:
     _positive("eval.stride", stride)
     _require(stride <= min(lengths), "eval.stride", stride,
              f"at most the shortest eval length {min(lengths)}")
+
+
+def _check_rope_scaling_factor(eval_cfg) -> None:
+    factor = eval_cfg.get("rope_scaling_factor")  # absent from runs saved before it existed
+    if factor is None:
+        return
+    _require(eval_cfg.rope_scaling != "none", "eval.rope_scaling_factor", factor,
+             "null with eval.rope_scaling=none (nothing is scaled)")
+    _require(math.isfinite(factor) and factor > 1, "eval.rope_scaling_factor", factor,
+             "a finite number > 1 (the static scale s; dynamic_ntk's alpha), or null (dynamic)")
 
 
 def check(cfg: DictConfig) -> None:
@@ -188,6 +211,10 @@ def check(cfg: DictConfig) -> None:
     _require(cfg.eval.rope_scaling == "none" or encoding_class(cfg.encoding).rotary,
              "eval.rope_scaling", cfg.eval.rope_scaling,
              f"'none' for encoding={cfg.encoding.get('name')}, which does not rotate q and k")
+    _check_rope_scaling_factor(cfg.eval)
+    positions = cfg.eval.get("randomized_positions", EvalConfig.randomized_positions)
+    _require(positions in RANDOMIZED_POSITIONS, "eval.randomized_positions", positions,
+             f"one of {RANDOMIZED_POSITIONS}")
     _require(not cfg.eval.logn_scaling or cfg.train.seq_len > 1, "eval.logn_scaling",
              cfg.eval.logn_scaling, "false when train.seq_len=1 (kappa divides by log L)")
     _require(cfg.device in DEVICES, "device", cfg.device, f"one of {DEVICES}")

@@ -11,7 +11,10 @@ from typing import List
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from posbench.config import EvalConfig
 from posbench.data.windows import EvalPlan, eval_plan
+from posbench.encodings.base import EVAL_OPTIONS
 from posbench.progress import Bar
 
 MAX_BINS = 64  # per-position bins per length
@@ -32,8 +35,9 @@ def evaluate(model, data, eval_cfg, device: torch.device) -> List[dict]:
     """One curve point per length: mean next-token loss (nats) over the scored tokens, ppl = exp.
     A length that runs out of memory is recorded as such and the others still run."""
     model.eval()
-    model.encoding.set_eval_options(eval_cfg.get("rope_scaling", "none"),
-                                    eval_cfg.get("logn_scaling", False))
+    # a key missing from a partial eval config takes EvalConfig's default
+    model.encoding.set_eval_options(*(eval_cfg.get(key, getattr(EvalConfig, key))
+                                      for key in EVAL_OPTIONS))
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
                 else nullcontext())
     # every length's windows are checked before the first is scored

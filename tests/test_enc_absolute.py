@@ -1,10 +1,11 @@
-"""Defining property tests of the absolute encodings (shared/ENCODINGS.md §2): integer, binary,
+"""Defining property tests of the absolute encodings (docs/encodings.md): integer, binary,
 sinusoidal, learned, randomized."""
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 
 import posbench
 from posbench.encodings import Dims
@@ -12,6 +13,7 @@ from posbench.encodings.binary import binary_table
 from posbench.encodings.integer import Integer, IntegerConfig
 from posbench.encodings.randomized import sorted_draws
 from posbench.encodings.sinusoidal import sinusoid_table
+from posbench.evaluate import evaluate
 
 SMALL = ["model.n_layer=2", "model.d_model=32", "model.n_head=2"]
 
@@ -204,10 +206,80 @@ def test_randomized_training_positions_are_sorted_distinct_draws_below_m():
     assert len(set(sorted_draws(200, 200).tolist())) == 200
 
 
-def test_randomized_uses_plain_positions_at_evaluation():
+def test_randomized_evaluates_at_the_callers_positions_without_random_eval_positions():
     enc = build("randomized").encoding
-    pos = torch.arange(10).unsqueeze(0) + 5
+    pos = torch.arange(10).expand(2, 10) + 5
+    assert torch.equal(enc.positions(pos), pos)  # a built model has no eval options
+    enc.set_eval_options(randomized_positions="plain")
     assert torch.equal(enc.positions(pos), pos)
+
+
+def random_eval(*extra):
+    enc = build("randomized", *extra).encoding
+    enc.set_eval_options(randomized_positions="random")
+    return enc
+
+
+def test_randomized_eval_draws_sorted_distinct_positions_below_m_for_each_window():
+    enc = random_eval("encoding.max_len=256", "train.seq_len=64")
+    drawn = enc.positions(torch.arange(64).expand(3, 64))
+    assert (drawn.diff(dim=-1) > 0).all() and drawn.min() >= 0 and drawn.max() < 256
+    assert not torch.equal(drawn[0], drawn[1]) and not torch.equal(drawn[1], drawn[2])
+    # a window longer than M has no room for distinct draws below M: it reads 0..n-1
+    assert torch.equal(enc.positions(torch.zeros(2, 300, dtype=torch.long)),
+                       torch.arange(300).expand(2, 300))
+
+
+def test_randomized_eval_draws_are_uniform_sorted_samples_without_replacement():
+    # the k-th smallest of n distinct draws from {0..M-1} has mean k (M + 1) / (n + 1) - 1
+    M, n, windows = 100, 4, 4000
+    enc = random_eval(f"encoding.max_len={M}", "train.seq_len=4")
+    drawn = enc.positions(torch.arange(n).expand(windows, n)).double()
+    want = torch.arange(1, n + 1, dtype=torch.float64) * (M + 1) / (n + 1) - 1
+    torch.testing.assert_close(drawn.mean(0), want, rtol=0, atol=1.5)  # about 6 standard errors
+    assert len(set(map(tuple, drawn.tolist()))) > 0.99 * windows
+
+
+def test_randomized_eval_draws_are_seeded_per_window_not_by_batch_or_global_rng():
+    enc = random_eval()
+    pos = torch.arange(64).expand(3, 64)
+    state = torch.get_rng_state()
+    torch.manual_seed(123)
+    together = enc.positions(pos)
+    enc.set_eval_options(randomized_positions="random")  # re-evaluation starts again
+    torch.manual_seed(456)
+    apart = torch.cat([enc.positions(pos[:1]), enc.positions(pos[:2])])
+    assert torch.equal(together, apart)
+    torch.manual_seed(123)
+    enc.positions(pos)
+    assert torch.equal(torch.get_rng_state(), torch.manual_seed(123).get_state())
+    torch.set_rng_state(state)
+
+
+def test_randomized_evaluation_is_reproducible_and_independent_of_batching(stdlib_data):
+    cfg = posbench.compose(["encoding=randomized", *SMALL, "train.seq_len=32",
+                            "eval.lengths=[32,64]", "eval.tokens=256", "eval.batch_tokens=256"])
+    torch.manual_seed(0)
+    model = posbench.build_model(cfg, stdlib_data.vocab_size)
+
+    def losses(**eval_options):
+        curve = evaluate(model, stdlib_data, OmegaConf.merge(cfg.eval, eval_options),
+                         torch.device("cpu"))
+        return [p["loss"] for p in curve]
+
+    random = losses()
+    assert model.encoding.randomized_positions == "random"  # the default
+    assert losses() == random
+    assert losses(batch_tokens=64) == pytest.approx(random, rel=1e-6)
+    plain = losses(randomized_positions="plain")
+    assert all(a != b for a, b in zip(plain, random))
+
+
+def test_randomized_positions_refuses_an_unknown_value_in_one_line():
+    with pytest.raises(posbench.ConfigError, match=r"^eval.randomized_positions='sometimes' is "
+                                                  r"not accepted; expected one of \('random', "
+                                                  r"'plain'\)$"):
+        posbench.compose(["encoding=randomized", "eval.randomized_positions=sometimes"])
 
 
 @pytest.mark.parametrize("base", ["rope", "sinusoidal"])

@@ -30,6 +30,8 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from torch import nn
 
 FAMILIES = ("none", "absolute", "rotary", "group", "bias", "contextual")
+# the eval.* keys that evaluate() passes to set_eval_options, in its argument order
+EVAL_OPTIONS = ("rope_scaling", "logn_scaling", "rope_scaling_factor", "randomized_positions")
 
 
 @dataclass
@@ -79,18 +81,26 @@ class PositionalEncoding(nn.Module):
         self.cfg = cfg
         self.dims = dims
 
-    # eval-time options (ENCODINGS.md §6), set by evaluate() through set_eval_options; training
-    # never sets them. Rotary encodings read rope_scaling in rotate(); the attention reads logn.
+    # eval-time options (the eval.* keys of EVAL_OPTIONS, docs/encodings.md), set by evaluate()
+    # through set_eval_options; training never sets them, so a freshly built encoding has none.
+    # Rotary encodings read the rope_scaling pair in rotate(), the attention reads logn_scaling,
+    # `randomized` reads randomized_positions.
     rope_scaling: str = "none"
+    rope_scaling_factor: Optional[float] = None
     logn_scaling: bool = False
+    randomized_positions: str = "plain"
 
-    def set_eval_options(self, rope_scaling: str = "none", logn_scaling: bool = False) -> None:
+    def set_eval_options(self, rope_scaling: str = "none", logn_scaling: bool = False,
+                         rope_scaling_factor: Optional[float] = None,
+                         randomized_positions: str = "plain") -> None:
         """Change the encoding at evaluation without retraining (config.check validates first)."""
         if rope_scaling != "none" and not self.rotary:
             raise ValueError(f"rope_scaling={rope_scaling!r} needs a rotary encoding, "
                              f"not {type(self).__name__}")
         self.rope_scaling = rope_scaling
+        self.rope_scaling_factor = rope_scaling_factor
         self.logn_scaling = logn_scaling
+        self.randomized_positions = randomized_positions
 
     def notes(self) -> list:
         """Caveats worth recording in results.json (e.g. untrained table rows)."""

@@ -4,27 +4,46 @@ random positions from [0, M), so that distances up to M are seen at a short trai
 In training, every forward call draws n distinct positions from [0, M) uniformly, sorts them, and
 shares them across the batch, as google-deepmind/randomized_positional_encodings does.
 
-At evaluation posbench feeds the plain positions 0..n-1 (what the caller passes), where the
-released code and ENCODINGS.md §2.6 draw there too (the spec: seeded draws, mean of 3 seeds).
-Why: evaluation stays deterministic and prefix-consistent, needs no seed loop in evaluate(), and
-0..n-1 is itself a subset of [0, M) whose distances were all trained. The cost: consecutive
-tokens sit 1 apart at evaluation but about M/n apart in training draws, a shift of the gap
-distribution that the released evaluation avoids; at n = M the two protocols coincide.
+At evaluation, eval.randomized_positions chooses (docs/encodings.md):
+- `random` (the default): sorted draws below M again, the reference's protocol. The default because
+  it is the distribution the model was trained on: with M = 2048 and n = 128, neighbouring tokens
+  sat about M/n = 16 apart in every training draw, so plain positions, 1 apart, would be a shift
+  of the input even at the training length, and the parity check there would charge the encoding
+  for a protocol its authors did not use. Each evaluated window draws its own positions from a
+  generator seeded by (EVAL_SEED, n, its index among the windows of length n), never from the
+  global RNG: every run and re-evaluation scores the same windows at the same positions, whatever
+  eval.batch_tokens and the other lengths are. (The reference shares one draw across a batch; the
+  positions of any one window are distributed the same.) A window longer than M has no room for n
+  distinct draws below M and reads 0..n-1, which is what n sorted draws below n are.
+- `plain`: 0..n-1, as the caller passes them; prefix-consistent, but the gaps between
+  neighbours are ones the model rarely saw below n = M.
 """
 import dataclasses
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from posbench.config import ConfigError
 from posbench.encodings.base import EncodingConfig, PositionalEncoding, register, registry
 
 HOOKS = ("embed", "rotate", "score_mod", "row_mod", "value_mod")
+# evaluation draws never depend on the run's seed: every run is scored at the same positions
+EVAL_SEED = 1
 
 
-def sorted_draws(n: int, max_len: int, device=None) -> torch.Tensor:
-    """n distinct integers from [0, max_len), uniformly without replacement, ascending."""
-    return torch.randperm(max_len, device=device)[:n].sort().values
+def sorted_draws(n: int, max_len: int, device=None, generator=None) -> torch.Tensor:
+    """n distinct integers from [0, max_len), uniformly without replacement, ascending: from the
+    global RNG on `device`, or from a CPU `generator`, then moved to `device`."""
+    if generator is None:
+        return torch.randperm(max_len, device=device)[:n].sort().values
+    return torch.randperm(max_len, generator=generator)[:n].sort().values.to(device)
+
+
+def window_generator(n: int, window: int) -> torch.Generator:
+    """The CPU generator of evaluation window `window` (counted from 0) among those of length n."""
+    seed = np.random.SeedSequence([EVAL_SEED, n, window]).generate_state(1)[0]
+    return torch.Generator().manual_seed(int(seed))
 
 
 @register("randomized", "trains its base encoding (default RoPE) on sorted random positions < M")
@@ -70,14 +89,25 @@ class Randomized(PositionalEncoding):
             setattr(self, hook, getattr(self.base, hook))
 
     def positions(self, pos):
+        B, T = pos.shape
         if self.training:
-            B, T = pos.shape
             pos = sorted_draws(T, self.cfg.max_len, pos.device).expand(B, T)
+        elif self.randomized_positions == "random":
+            first = self.windows_drawn.get(T, 0)
+            self.windows_drawn[T] = first + B
+            span = max(self.cfg.max_len, T)  # n > M: n sorted draws below n are 0..n-1
+            pos = torch.stack([sorted_draws(T, span, generator=window_generator(T, window))
+                               for window in range(first, first + B)]).to(pos.device)
         return self.base.positions(pos) if self.base.positions is not None else pos
 
-    def set_eval_options(self, rope_scaling="none", logn_scaling=False):
-        super().set_eval_options(rope_scaling, logn_scaling)
-        self.base.set_eval_options(rope_scaling)
+    def set_eval_options(self, rope_scaling="none", logn_scaling=False, rope_scaling_factor=None,
+                         randomized_positions="plain"):
+        super().set_eval_options(rope_scaling, logn_scaling, rope_scaling_factor,
+                                 randomized_positions)
+        self.base.set_eval_options(rope_scaling, rope_scaling_factor=rope_scaling_factor)
+        # evaluation windows drawn so far, per length: window i of length n always gets the same
+        # positions, counted from here
+        self.windows_drawn = {}
 
     def notes(self):
         return self.base.notes()
