@@ -85,6 +85,30 @@ def test_blockwise_path_matches_dense_float64_reference(monkeypatch):
     assert_matches_reference(out, ref, (q, k, v, enc.pos_emb))
 
 
+def test_counts_under_bf16_autocast_keep_fp32_precision():
+    """The row_mod on bf16 logits and queries (what autocast's matmuls give it) against float64
+    on the same values, whose counts are float64 sums over j..i (not the module's reversed
+    cumsum). The added term may lose what autocast's bf16 matmul q.e costs, and no more: counted
+    in bf16, it lost 50 times that."""
+    enc = build().encoding
+    B, H, T, d = 1, 4, 256, 16
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(2, B, H, T, d, generator=gen) * 3).bfloat16()  # gates from 0 to 1
+    q_idx, kv_idx = torch.arange(T).view(1, 1, T, 1), torch.arange(T).view(1, 1, 1, T)
+    logits = masked((q.float() @ k.float().transpose(-1, -2) / math.sqrt(d)).bfloat16())
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        term = enc.row_mod(logits, q, None, 1, q_idx, kv_idx).double() - logits.double()
+    gates = torch.sigmoid(logits.double())
+    counts = (gates.sum(-1, keepdim=True) - gates.cumsum(-1) + gates).clamp(0, 63)
+    emb = enc.pos_emb[1].detach()
+    expected = interpolate(q.double() @ emb.double(), counts)
+    # bf16 alone: the table as autocast's matmul makes it, from a bf16 table and rounded to bf16
+    rounded = interpolate((q.double() @ emb.bfloat16().double()).bfloat16().double(), counts)
+    causal = (kv_idx <= q_idx).expand_as(term)
+    err, bf16 = ((t - expected)[causal].abs().max() for t in (term, rounded))
+    assert err < 2 * bf16, (err, bf16)
+
+
 def test_shift_leaves_model_logits_unchanged():
     model = build()
     idx = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(0))

@@ -54,6 +54,9 @@ class CoPE(PositionalEncoding):
         self.pos_emb = nn.Parameter(torch.zeros(dims.n_layer, dims.head_dim, cfg.p_max))
 
     def row_mod(self, logits, q, pos, layer, q_idx, kv_idx):
+        # counts in fp32 at least: a bf16 running sum of gates drifts by tenths of a position
+        # (its spacing is 0.25 between 32 and 64), and the interpolation weight is the fraction
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         rows = q[:, :, q_idx.flatten()].to(logits.dtype)  # this block's queries
         # q_i.e[p] for every integer p (B, H, Tq, P_max): the interpolation gathers from it
         table = rows @ self.pos_emb[layer].to(logits.dtype)

@@ -16,7 +16,11 @@ Numerics:
 - the decay is one rate a_h <= 0 per head, so it factors out of the head's dot product and is
   applied as the multiplicative mask e^{a_h Δ} on the score (RetNet's D matrix) instead of
   e^{±a t} on q and k, which overflows fp32 once |a| t > 88;
-- angle and polynomial tables are built in float64, the transform itself runs in fp32.
+- angle and polynomial tables are built in float64, the transform itself runs in fp32;
+- with a shear (k >= 2) q and k also leave `rotate` in fp32 under bf16 autocast, and q·k must
+  be formed from them in fp32: their polynomial terms grow like (εt)^r and cancel in q·k, so
+  rounding them to bf16 costs logit errors of about 1 at t = 8192, L = 128. Rotations alone
+  (k = 1) go back to q's dtype, as RoPE.
 
 ALiBi as a group: constant augmented coordinates q̄ = (1, 0), k̄ = (0, -m_h) under N_2 give
 q̄^T exp(ΔN_2) k̄ = -m_h Δ. A head's q and k cannot grow inside the attention, so this block enters
@@ -91,9 +95,9 @@ def exp_map(x: torch.Tensor, t: torch.Tensor, theta: torch.Tensor, eps: torch.Te
 
     x: (..., d); t, θ, ε: float64, t broadcastable to x[..., :1] and θ, ε to x[..., :n].
     On chain b: (exp(tY) x)_p = R(-θt) Σ_{r<k} ((εt)^r / r!) x_{p+r}; the transpose takes x_{p-r}
-    and turns by +θt. Cost O(k d) per vector.
+    and turns by +θt. Cost O(k d) per vector. Returns fp32 at least, never bf16.
     """
-    dtype = torch.promote_types(x.dtype, torch.float32)  # fp32 at least, never bf16
+    dtype = torch.promote_types(x.dtype, torch.float32)
     n = theta.shape[-1]
     m = n * k
     x1, x2 = x.to(dtype).chunk(2, dim=-1)
@@ -105,7 +109,7 @@ def exp_map(x: torch.Tensor, t: torch.Tensor, theta: torch.Tensor, eps: torch.Te
     u, v = u * cos + (-v) * sin, v * cos + u * sin  # RoPE's x cos + rotate_half(x) sin
     x1 = torch.cat((u.flatten(-2), x1[..., m:]), dim=-1)
     x2 = torch.cat((v.flatten(-2), x2[..., m:]), dim=-1)
-    return torch.cat((x1, x2), dim=-1).to(x.dtype)
+    return torch.cat((x1, x2), dim=-1)
 
 
 def bias_coefficients(q_bar: torch.Tensor, k_bar: torch.Tensor) -> torch.Tensor:
@@ -237,8 +241,10 @@ class GroupPE(PositionalEncoding):
         t = pos.to(torch.float64)[:, None, :, None]  # (B, 1, T, 1)
         theta, eps = self.frequencies().unsqueeze(-2), self.shears().unsqueeze(-2)  # (H|1, 1, n)
         size = self.cfg.block_size
-        return (exp_map(q, t, theta, eps, size, transpose=True),  # F(i) = exp(i X^T)
-                exp_map(k, -t, theta, eps, size))  # G(j) = exp(-j X)
+        # the shear's terms cancel in q·k: they stay in fp32 (module docstring, Numerics)
+        dtype = q.dtype if size == 1 else torch.promote_types(q.dtype, torch.float32)
+        return (exp_map(q, t, theta, eps, size, transpose=True).to(dtype),  # F(i) = exp(i X^T)
+                exp_map(k, -t, theta, eps, size).to(dtype))  # G(j) = exp(-j X)
 
     def score_mod(self, q, k, pos, layer):
         rates, coefficients, lag_of = self.decay_rates(), self.alibi_coefficients, relative_lag(pos)
