@@ -70,6 +70,11 @@ def bound_hooks(q, k, pos, encoding, layer):
 
 
 def attend(q, k, v, pos, encoding, layer):
+    if q.dtype != v.dtype:
+        # rotate kept q and k wider than v (the group family's shear under autocast): their
+        # logits need it, and autocast would round them back to bf16 in SDPA and FlexAttention
+        with torch.autocast(q.device.type, enabled=False):
+            return attend(q, k, v.to(q.dtype), pos, encoding, layer).to(v.dtype)
     score_mod, row_mod, value_mod = bound_hooks(q, k, pos, encoding, layer)
     if row_mod is None and value_mod is None:
         if score_mod is None:
@@ -134,8 +139,10 @@ def _block_probs(q, k, start, b, h, score_mod, row_mod):
     starts at sequence index `start`, with its q_idx and kv_idx."""
     q_idx, kv_idx = block_indices(start, q.shape[2], k.shape[2], q.device)
     dtype = torch.promote_types(q.dtype, torch.float32)  # logits in fp32 at least, even under bf16
-    # scaling q, not the scores, saves a pass over the block's scores
-    scores = (q.to(dtype) / math.sqrt(q.shape[-1])) @ k.to(dtype).transpose(-2, -1)
+    # scaling q, not the scores, saves a pass over the block's scores; autocast off, or it
+    # would round the fp32 operands back to bf16
+    with torch.autocast(q.device.type, enabled=False):
+        scores = (q.to(dtype) / math.sqrt(q.shape[-1])) @ k.to(dtype).transpose(-2, -1)
     if score_mod is not None:
         scores = score_mod(scores, b, h, q_idx, kv_idx)
     future = kv_idx > q_idx

@@ -16,7 +16,6 @@ from omegaconf import OmegaConf
 
 import posbench
 from posbench.encodings import Dims, registry
-from posbench.encodings.group import GroupPE
 
 from test_enc_group import generator
 
@@ -39,17 +38,6 @@ FACTOR = {
     # in bf16: >= 7.8)
     "contextual": 5.0,
 }
-
-
-def has_shear(entry) -> bool:
-    """A group preset whose q and k leave rotate in fp32 (group.py, Numerics)."""
-    cfg = entry.config
-    return entry.cls is GroupPE and cfg.block_size > 1 and cfg.chains != 0
-
-
-# Until attention.attend runs q and k that rotate kept in fp32 with autocast off, SDPA and
-# FlexAttention round them back to bf16: strict, so that the fix shows up here as XPASS.
-PENDING = pytest.mark.xfail(strict=True, reason="attention.attend rounds fp32 q, k to bf16")
 
 
 @pytest.fixture(scope="module")
@@ -92,9 +80,8 @@ def test_nope_error_is_the_bf16_floor(nope_run):
     assert 1e-3 < nope_run[0] < 1e-2
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(name, marks=PENDING) if has_shear(entry) else name
-    for name, entry in registry().items() if entry.cls.family != "none"])
+@pytest.mark.parametrize("name", [name for name, entry in registry().items()
+                                  if entry.cls.family != "none"])
 def test_autocast_logits_match_fp32_within_the_family_tolerance(name, run_cfg, nope, nope_run):
     cfg = copy.deepcopy(run_cfg)
     cfg.encoding = OmegaConf.structured(registry()[name].config)
