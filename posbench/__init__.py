@@ -17,6 +17,7 @@ from typing import List, Optional, Union
 import torch
 from omegaconf import DictConfig
 
+import posbench.resolvers  # noqa: F401  the ${posbench.*} resolvers of conf/config.yaml
 from posbench.config import ConfigError, check, register_schemas
 from posbench.encodings import Dims, build_encoding, list_encodings
 

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 import posbench
 from posbench.config import ConfigError, check
 from posbench.io import write_text
+from posbench.resolvers import SWEPT
 
 USAGE = """usage: posbench <verb> [args]
 
@@ -79,13 +80,11 @@ def train_app(cfg: DictConfig) -> None:
         return _job_error(err, 2)
     except OSError as err:  # e.g. the data could not be read
         return _job_error(f"run {str(run_dir)!r} could not start: {one_line(err)}", 1)
-    if hc.mode == RunMode.MULTIRUN:
-        group, name = Path(hc.sweep.dir).name, hc.job.override_dirname or cfg.encoding.name
-    else:
-        group, name = run_dir.name, run_dir.name
+    # wandb: the runs of a sweep share its group; each run is named like its dir
+    group = Path(hc.sweep.dir).name if hc.mode == RunMode.MULTIRUN else run_dir.name
     try:
         _save_hydra_files(run_dir, cfg)
-        train(cfg, run_dir, group=group, name=name, start=start)
+        train(cfg, run_dir, group=group, name=run_dir.name, start=start)
     except ConfigError as err:
         _job_error(err, 2)
     except RunFailed as err:
@@ -146,16 +145,16 @@ def _composition_error(err: Exception) -> ConfigError:
     return ConfigError(f"{lines[0]}: {why}" if why else lines[0])
 
 
-def precheck(argv: list) -> None:
+def precheck(argv: list) -> list:
     """Compose and check the config of every value of every swept key before Hydra creates any
-    run dir, so a bad command costs seconds and writes nothing."""
+    run dir, so a bad command costs seconds and writes nothing. Returns the swept keys."""
     from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     args = get_args_parser().parse_args(argv)
     if args.help or args.hydra_help or args.cfg or args.shell_completion or args.info:
-        return
-    fixed, sweeps = [], []
+        return []
+    fixed, sweeps, swept = [], [], []
     for override in OverridesParser.create().parse_overrides(args.overrides):
         key = override.get_key_element().lstrip("+~")
         if key.startswith("hydra") and key != "hydra.searchpath":  # searchpath finds user configs
@@ -163,6 +162,7 @@ def precheck(argv: list) -> None:
         if override.is_sweep_override():
             values = list(override.sweep_string_iterator())
             sweeps.append([f"{override.get_key_element()}={v}" for v in values])
+            swept.append(key)
         else:
             fixed.append(override.input_line)
     variants = [fixed + [values[0] for values in sweeps]]
@@ -177,11 +177,21 @@ def precheck(argv: list) -> None:
             raise
         except Exception as err:  # noqa: BLE001 - Hydra/OmegaConf composition errors
             raise _composition_error(err) from None
+    return swept
+
+
+def hydra_quoted(text: str) -> str:
+    """`text` as a quoted Hydra override value that reads back as exactly `text`: no character
+    (`=`, `,`, `[`, a space, a quote) is taken for syntax."""
+    text = re.sub(r"(\\*)('|\Z)", lambda m: m[1] * 2 + ("\\'" if m[2] else ""), text)
+    return f"'{text}'"
 
 
 def run_dir_arg(verb: str, rest: list, usage: str) -> Path:
-    """The finished run dir that `eval` and `inspect` take first."""
-    if not rest or rest[0].startswith("-") or "=" in rest[0]:
+    """The finished run dir that `eval` and `inspect` take first: absolute, relative or `.`. An
+    existing folder is taken whatever its name holds (older sweeps named job dirs
+    `0_encoding=rope,train.steps=100`)."""
+    if not rest or not Path(rest[0]).is_dir() and (rest[0].startswith("-") or "=" in rest[0]):
         raise ConfigError(f"posbench {verb} needs RUN_DIR first; expected `{usage}`")
     run_dir = Path(rest[0]).resolve()
     if not (run_dir / ".hydra" / "config.yaml").is_file() or not (
@@ -219,8 +229,10 @@ def main() -> None:
         verb, rest = "train", argv
     try:
         if verb == "train":
-            precheck(rest)
-            sys.argv = ["posbench", *rest]
+            swept = precheck(rest)
+            # the keys it sweeps, which name the job dirs (posbench/resolvers.py)
+            named = [f"+hydra.{SWEPT}=[{','.join(map(hydra_quoted, swept))}]"] if swept else []
+            sys.argv = ["posbench", *rest, *named]
             _job_errors.clear()
             train_app()
             if _job_errors:
@@ -232,8 +244,12 @@ def main() -> None:
                 eval_app()
                 return
             run_dir = run_dir_arg(verb, rest, "posbench eval RUN_DIR [overrides]")
+            if "${" in str(run_dir):  # Hydra resolves its output dir, which is this one
+                raise ConfigError(f"RUN_DIR={rest[0]!r} is not accepted by posbench eval; "
+                                  "expected a path without '${' (Hydra reads it as an "
+                                  "interpolation)")
             sys.argv = ["posbench eval", f"--config-path={run_dir / '.hydra'}",
-                        "--config-name=config", f"hydra.run.dir={run_dir}",
+                        "--config-name=config", f"hydra.run.dir={hydra_quoted(str(run_dir))}",
                         "hydra.output_subdir=null", "hydra/job_logging=stdout",
                         "hydra.job.name=eval", *rest[1:]]
             eval_app()

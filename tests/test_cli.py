@@ -1,9 +1,13 @@
 """End to end through the installed `posbench` command, at toy size."""
 import csv
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
+import posbench
 from posbench.encodings import registry
 from helpers import posbench_cli, results
 
@@ -57,6 +61,32 @@ def test_cfg_job_and_help_work_through_the_dispatcher(tmp_path):
     assert "name: t5" in cfg and "seq_len:" in cfg
     assert "encoding" in posbench_cli("train", "--help", cwd=tmp_path).stdout
     assert not (tmp_path / "outputs").exists()
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("where", ["repo root", "project folder"])
+def test_own_configs_in_conf_are_found_beside_the_packaged_ones(tmp_path, monkeypatch, where):
+    """The conf/ of the folder a command runs in: the repo's example study, model preset and
+    encoding by `_target_`, and the same files in a user's project folder."""
+    cwd = ROOT if where == "repo root" else tmp_path
+    if where == "project folder":
+        shutil.copytree(ROOT / "conf", tmp_path / "conf")
+    proc = posbench_cli("train", "+experiment=my_study", "encoding=rope_500k", "--cfg", "job",
+                        cwd=cwd)
+    assert proc.stderr == ""  # nothing from Hydra about its search path
+    cfg = yaml.safe_load(proc.stdout)
+    study = yaml.safe_load((ROOT / "conf" / "experiment" / "my_study.yaml").read_text())
+    assert cfg["train"].items() >= study["train"].items()
+    assert cfg["eval"].items() >= study["eval"].items()
+    assert cfg["model"].items() >= yaml.safe_load(
+        (ROOT / "conf" / "model" / "tiny_wide.yaml").read_text()).items()
+    assert cfg["encoding"] == yaml.safe_load(
+        (ROOT / "conf" / "encoding" / "rope_500k.yaml").read_text())
+    monkeypatch.chdir(cwd)
+    for name in study["hydra"]["sweeper"]["params"]["encoding"].split(","):  # all accepted
+        assert posbench.compose(["+experiment=my_study", f"encoding={name}"]).encoding.name == name
 
 
 def test_list_names_every_encoding(tmp_path):
