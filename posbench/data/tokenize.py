@@ -1,22 +1,18 @@
 """Tokenizers: byte level (no files) and GPT-2 BPE read from local files, never downloaded.
 
-Documents are tokenized in parallel on every core (order kept, memory bounded), with progress."""
+GPT-2's BPE runs in tiktoken (Rust, threads that release the GIL), in bounded batches, with
+progress."""
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import os
-import re
-import sys
 import tempfile
-import unicodedata
-from functools import lru_cache
-from multiprocessing import Pool
 from pathlib import Path
-from typing import Iterable, Iterator, Optional, Tuple
+from typing import Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
+import tiktoken
 from tqdm import tqdm
 
 from posbench.config import ConfigError
@@ -25,79 +21,68 @@ from posbench.config import ConfigError
 TOKENIZERS = {"byte": 256, "gpt2": 50257}
 # tiktoken caches OpenAI's files under the sha1 of their URL
 TIKTOKEN_URL = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/"
+# GPT-2's pre-tokenizer: its encoder.py's regex, with the contractions grouped as tiktoken
+# writes them ('s|'t|'re|'ve|'m|'ll|'d, run faster). \s is Unicode's White_Space, as in GPT-2.
+GPT2_SPLIT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# text per tiktoken batch: enough for every thread, while the ids held at once stay small
+BATCH_BYTES = 1 << 22
 
 
-def _bytes_to_unicode() -> dict:
-    """GPT-2's reversible map from bytes to printable characters: BPE runs on these."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return chars
-
-
-def _pretokenizer() -> re.Pattern:
-    """GPT-2's split pattern. It needs \\p{L} and \\p{N}, which the standard library's `re` lacks,
-    so the two classes are spelled out from unicodedata (built once per process, ~1 s)."""
-    ranges = {"L": [], "N": []}
-    for cp in range(sys.maxunicode + 1):
-        group = ranges.get(unicodedata.category(chr(cp))[0])
-        if group is not None:
-            if group and group[-1][1] == cp - 1:
-                group[-1][1] = cp
-            else:
-                group.append([cp, cp])
-    cls = {k: "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in v) for k, v in ranges.items()}
-    return re.compile(rf"""'s|'t|'re|'ve|'m|'ll|'d| ?[{cls['L']}]+| ?[{cls['N']}]+"""
-                      rf"""| ?[^\s{cls['L']}{cls['N']}]+|\s+(?!\S)|\s+""")
+def _byte_chars() -> List[str]:
+    """GPT-2's reversible map from each byte to the printable character its files spell it
+    with."""
+    printable = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)}
+    shifted = iter(range(256, 512))
+    return [chr(b) if b in printable else chr(next(shifted)) for b in range(256)]
 
 
 class GPT2BPE:
-    """Byte-level BPE from vocab.json (token -> id) and merges.txt (ranked pairs), as GPT-2."""
+    """Byte-level BPE from vocab.json (token -> id) and merges.txt (ranked pairs), as GPT-2.
+
+    tiktoken merges first the adjacent pair whose union has the lowest rank. Ranking each union
+    by its line in merges.txt makes that GPT-2's rule (the pair listed first) for the merge
+    lists BPE training writes, GPT-2's own included (tests/test_datasets.py checks it against
+    the reference rule on a vocabulary it trains); vocab.json then names each rank's id."""
 
     def __init__(self, vocab_path: Path, merges_path: Path):
-        self.encoder = json.loads(Path(vocab_path).read_text(encoding="utf-8"))
-        lines = Path(merges_path).read_text(encoding="utf-8").splitlines()
-        merges = [tuple(line.split()) for line in lines if line and not line.startswith("#version")]
-        self.ranks = {pair: i for i, pair in enumerate(merges)}
-        self.byte_chars = _bytes_to_unicode()
-        self.pattern = _pretokenizer()
-        self.bpe = lru_cache(maxsize=1 << 18)(self._bpe)
+        def refuse(why: str):
+            return ConfigError(f"GPT-2 BPE files {vocab_path} + {merges_path} are not accepted: "
+                               f"{why}; expected GPT-2's vocab.json (token -> id) and "
+                               "merges.txt (one pair a line)")
 
-    def _bpe(self, word: str) -> Tuple[str, ...]:
-        parts = tuple(word)
-        while len(parts) > 1:
-            pair = min(zip(parts, parts[1:]), key=lambda p: self.ranks.get(p, float("inf")))
-            if pair not in self.ranks:
-                break
-            merged, i = [], 0
-            while i < len(parts):
-                if i + 1 < len(parts) and (parts[i], parts[i + 1]) == pair:
-                    merged.append(parts[i] + parts[i + 1])
-                    i += 2
-                else:
-                    merged.append(parts[i])
-                    i += 1
-            parts = tuple(merged)
-        return parts
+        try:
+            vocab = json.loads(Path(vocab_path).read_text(encoding="utf-8"))
+            lines = Path(merges_path).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise refuse(str(err)) from None
+        if not isinstance(vocab, dict):
+            raise refuse("vocab.json is not an object")
+        byte_chars = _byte_chars()
+        tokens = list(byte_chars)
+        for n, line in enumerate(lines, 1):
+            if line and not line.startswith("#version"):
+                pair = line.split()
+                if len(pair) != 2:
+                    raise refuse(f"merges line {n} is {line!r}, not a pair")
+                tokens.append("".join(pair))
+        tokens = list(dict.fromkeys(tokens))  # a token listed twice keeps its first rank
+        byte_of = {c: b for b, c in enumerate(byte_chars)}
+        foreign = next((t for t in tokens if not all(c in byte_of for c in t)), None)
+        if foreign is not None:
+            raise refuse(f"merges.txt spells {foreign!r} in characters that stand for no byte")
+        missing = [t for t in tokens if not isinstance(vocab.get(t), int)]
+        if missing:
+            raise refuse(f"vocab.json has no id for {missing[0]!r} ({len(missing)} tokens)")
+        self.vocab_size = len(vocab)
+        self.ids = np.array([vocab[t] for t in tokens], dtype=np.int64)  # rank -> id
+        ranks = {bytes(byte_of[c] for c in token): rank for rank, token in enumerate(tokens)}
+        self.encoding = tiktoken.Encoding("gpt2", pat_str=GPT2_SPLIT, mergeable_ranks=ranks,
+                                          special_tokens={})
 
-    def encode(self, text: str) -> list:
-        ids = []
-        for piece in self.pattern.findall(text):
-            word = "".join(self.byte_chars[b] for b in piece.encode("utf-8"))
-            ids.extend(self.encoder[token] for token in self.bpe(word))
-        return ids
-
-    def decode(self, ids: Iterable[int]) -> str:
-        tokens = {i: t for t, i in self.encoder.items()}
-        bytes_of = {c: b for b, c in self.byte_chars.items()}
-        text = "".join(tokens[int(i)] for i in ids)
-        return bytes(bytes_of[c] for c in text).decode("utf-8", errors="replace")
+    def encode_batch(self, texts: List[str]) -> List[np.ndarray]:
+        ranks = self.encoding.encode_ordinary_batch(texts, num_threads=os.cpu_count() or 1)
+        return [self.ids[np.asarray(r, dtype=np.int64)] for r in ranks]
 
 
 def _gpt2_candidates(tokenizer_path: Optional[str]):
@@ -127,47 +112,42 @@ def gpt2_files(tokenizer_path: Optional[str]) -> Tuple[Path, Path]:
     for vocab, merges in _gpt2_candidates(tokenizer_path):
         if vocab.is_file() and merges.is_file():
             return vocab, merges
-    where = (f"dataset.tokenizer_path={tokenizer_path!r} holds no vocab.json + merges.txt"
-             if tokenizer_path else "none were found in the Hugging Face or tiktoken cache")
-    raise ConfigError(f"dataset.tokenizer=gpt2 needs the GPT-2 BPE files and {where} (nothing is "
-                      "downloaded); expected dataset.tokenizer_path=DIR with vocab.json and "
-                      "merges.txt, or dataset.tokenizer=byte")
+    if tokenizer_path:
+        raise ConfigError(f"dataset.tokenizer_path={tokenizer_path!r} is not accepted: it holds "
+                          "no vocab.json + merges.txt (nothing is downloaded); expected a folder "
+                          "with GPT-2's vocab.json and merges.txt (or encoder.json and vocab.bpe)")
+    raise ConfigError("dataset.tokenizer=gpt2 without dataset.tokenizer_path is not accepted: no "
+                      "GPT-2 vocab.json + merges.txt is in the Hugging Face or tiktoken cache "
+                      "(nothing is downloaded); expected dataset.tokenizer_path=DIR with "
+                      "vocab.json and merges.txt, or dataset.tokenizer=byte")
 
 
 class Tokenizer:
     """What preparation needs of a tokenizer: an identity for the cache name, the vocabulary
-    size, and a parallel `encode_all`."""
+    size, and `encode_all`."""
 
     def __init__(self, dataset_cfg):
         self.name = dataset_cfg.tokenizer  # a name config.check accepted
-        self.files = gpt2_files(dataset_cfg.get("tokenizer_path")) if self.name == "gpt2" else None
-        if self.files is None:
+        files = gpt2_files(dataset_cfg.get("tokenizer_path")) if self.name == "gpt2" else None
+        self.bpe = GPT2BPE(*files) if files else None
+        if self.bpe is None:
             self.identity, self.vocab_size = "byte", 256
         else:
-            digest = hashlib.sha256(b"".join(p.read_bytes() for p in self.files)).hexdigest()
+            digest = hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest()
             self.identity = f"gpt2:{digest[:16]}"
-            self.vocab_size = len(json.loads(self.files[0].read_text(encoding="utf-8")))
+            self.vocab_size = self.bpe.vocab_size
 
     def encode_all(self, documents: Iterable[bytes], desc: str) -> Iterator[np.ndarray]:
         docs = tqdm(documents, desc=desc, unit="doc", leave=False)
-        if self.files is None:  # byte level is a copy: no processes needed
+        if self.bpe is None:  # byte level is a copy
             for doc in docs:
                 yield np.frombuffer(doc, dtype=np.uint8)
             return
-        # bounded batches: Pool.imap alone would read the whole corpus into its queue
-        with Pool(os.cpu_count(), initializer=_start_worker, initargs=self.files) as pool:
-            while batch := list(itertools.islice(docs, 4096)):
-                yield from pool.imap(_encode, batch, chunksize=16)
-
-
-_worker_bpe: Optional[GPT2BPE] = None
-
-
-def _start_worker(vocab: Path, merges: Path) -> None:
-    global _worker_bpe
-    _worker_bpe = GPT2BPE(vocab, merges)
-
-
-def _encode(doc: bytes) -> np.ndarray:
-    ids = _worker_bpe.encode(doc.decode("utf-8", errors="replace"))
-    return np.asarray(ids, dtype=np.int64)
+        batch, size = [], 0
+        for doc in docs:
+            batch.append(doc.decode("utf-8", errors="replace"))
+            size += len(doc)
+            if size >= BATCH_BYTES:
+                yield from self.bpe.encode_batch(batch)
+                batch, size = [], 0
+        yield from self.bpe.encode_batch(batch)
