@@ -55,6 +55,9 @@ class TrainConfig:
     min_lr_ratio: float = 0.1
     warmup_steps: int = 100
     weight_decay: float = 0.1
+    # learning rate of the encoding's own parameters relative to lr: Adam moves a parameter by
+    # about lr per step, and a learned bias must reach several logits within the budget
+    position_lr_mult: float = 10.0
     grad_clip: float = 1.0
     log_every: int = 50
     # a checkpoint every this many steps (0: only at the end); a killed run resumes from the last
@@ -189,6 +192,8 @@ def check(cfg: DictConfig) -> None:
     _require(cfg.train.ckpt_every >= 0, "train.ckpt_every", cfg.train.ckpt_every,
              "an integer >= 0 (0: a checkpoint only at the end)")
     _require(cfg.train.lr > 0, "train.lr", cfg.train.lr, "a positive number")
+    _require(cfg.train.position_lr_mult > 0, "train.position_lr_mult",
+             cfg.train.position_lr_mult, "a positive number")
     _require(0 <= cfg.train.warmup_steps, "train.warmup_steps", cfg.train.warmup_steps,
              "an integer >= 0")
     lengths = list(cfg.eval.lengths)

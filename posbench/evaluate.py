@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 
 from posbench.config import EvalConfig
 from posbench.data.windows import EvalPlan, eval_plan
@@ -30,10 +31,24 @@ def is_oom(err: BaseException) -> bool:
                                               or "can't allocate memory" in text)
 
 
+def with_train_length(eval_cfg, train_len: int):
+    """eval_cfg with the training length among its lengths: every run records its perplexity
+    there, the reference of its extrapolation ratio and of the parity check (posbench/parity.py)."""
+    if train_len in eval_cfg.lengths:
+        return eval_cfg
+    cfg = OmegaConf.create(OmegaConf.to_container(eval_cfg, resolve=True))
+    cfg.lengths = sorted({*eval_cfg.lengths, train_len})
+    return cfg
+
+
 @torch.no_grad()
-def evaluate(model, data, eval_cfg, device: torch.device) -> List[dict]:
-    """One curve point per length: mean next-token loss (nats) over the scored tokens, ppl = exp.
-    A length that runs out of memory is recorded as such and the others still run."""
+def evaluate(model, data, eval_cfg, device: torch.device,
+             train_len: Optional[int] = None) -> List[dict]:
+    """One curve point per length of eval_cfg, and of the run's training length when given: mean
+    next-token loss (nats) over the scored tokens, ppl = exp. A length that runs out of memory is
+    recorded as such and the others still run."""
+    if train_len is not None:
+        eval_cfg = with_train_length(eval_cfg, train_len)
     model.eval()
     # a key missing from a partial eval config takes EvalConfig's default
     model.encoding.set_eval_options(*(eval_cfg.get(key, getattr(EvalConfig, key))

@@ -35,7 +35,7 @@ def reevaluate(cfg: DictConfig, run_dir: Path, overrides: List[str]) -> dict:
     loaded = trained_model(run_dir, device)
     loaded.require_corpus(data)
     model = loaded.model
-    curve = evaluate(model, data, cfg.eval, device)
+    curve = evaluate(model, data, cfg.eval, device, cfg.train.seq_len)
     record = results_record(cfg, model, data, curve, train=trained["train"])
     record["evaluated_from"] = str(run_dir / CHECKPOINT)
     name = results_name(run_dir, overrides)

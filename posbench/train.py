@@ -34,7 +34,7 @@ from posbench.data import prepare
 from posbench.data.tasks import IGNORE
 from posbench.data.tokens import TokenData
 from posbench.data.windows import check_train_len, eval_plan, train_batch
-from posbench.evaluate import evaluate
+from posbench.evaluate import evaluate, with_train_length
 from posbench.io import FileLock, LockHeld, write_json
 from posbench.loggers import NoLogger, make_logger
 from posbench.progress import Bar
@@ -94,10 +94,18 @@ def lr_at(step: int, cfg) -> float:
 
 
 def make_optimizer(model, cfg, device):
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    """AdamW in three groups: weight matrices with weight decay; gains and biases without; the
+    encoding's parameters (position tables, bias tables, slopes, generators) without weight
+    decay, as their references train them (minGPT's position table, T5's Adafactor), and at
+    train.position_lr_mult times the learning rate (docs/encodings.md, "Training defaults")."""
+    encoding = getattr(model, "encoding", None)  # the peers in scripts/bench.py have none
+    position = list(encoding.parameters()) if encoding is not None else []
+    own = {id(p) for p in position}
+    decay = [p for p in model.parameters() if p.dim() >= 2 and id(p) not in own]
+    no_decay = [p for p in model.parameters() if p.dim() < 2 and id(p) not in own]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
+              {"params": no_decay, "weight_decay": 0.0},
+              {"params": position, "weight_decay": 0.0, "lr_mult": cfg.position_lr_mult}]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=device.type == "cuda")
 
 
@@ -109,8 +117,9 @@ def prepare_run(cfg: DictConfig):
                           f"{distributed.world_size()} processes; expected a multiple of it")
     data = prepare(cfg.dataset)
     check_train_len(data, cfg.train.seq_len)
-    for length in cfg.eval.lengths:
-        eval_plan(data, length, cfg.eval)
+    eval_cfg = with_train_length(cfg.eval, cfg.train.seq_len)
+    for length in eval_cfg.lengths:
+        eval_plan(data, length, eval_cfg)
     return device, data
 
 
@@ -329,7 +338,7 @@ def fit(cfg: DictConfig, start: Start, run_dir: Path, logger, progress: Progress
     for step in range(first, t.steps):
         lr = lr_at(step, t)
         for group in optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_mult", 1.0)
         x, y = (distributed.shard(z).to(device, non_blocking=True) for z in
                 train_batch(data, t.seq_len, t.batch_size, cfg.seed, step))
         with autocast:
@@ -426,7 +435,7 @@ def run_started(cfg: DictConfig, run_dir: Path, group: str, name: str,
         summary = fit(cfg, start, run_dir, logger, progress)
         if not main:
             return None
-        curve = evaluate(start.model, start.data, cfg.eval, start.device)
+        curve = evaluate(start.model, start.data, cfg.eval, start.device, cfg.train.seq_len)
         record = results_record(cfg, start.model, start.data, curve, train=summary)
         write_results(run_dir, record)
     except Exception as err:  # noqa: BLE001 - any failure of a started run is recorded
@@ -434,6 +443,7 @@ def run_started(cfg: DictConfig, run_dir: Path, group: str, name: str,
     except KeyboardInterrupt as err:  # recorded like a failure, but it stops a sweep too
         raise Interrupted(str(record_failure(cfg, start, run_dir, progress, err))) from None
     logger.log_curve(curve)
-    logger.finish({"final_loss": summary["final_loss"]})
+    logger.finish({"final_loss": summary["final_loss"],
+                   "train_len_ppl": record["eval"]["train_len_ppl"]})
     print_curve(record)
     return record

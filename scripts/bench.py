@@ -196,7 +196,8 @@ class Trainer:
     def __init__(self, c: Contender, args, device: torch.device):
         torch.manual_seed(0)
         self.model = build(c, args, args.seq_len).to(device).train()
-        self.optimizer = make_optimizer(self.model, argparse.Namespace(lr=1e-3, weight_decay=0.1),
+        self.optimizer = make_optimizer(self.model, argparse.Namespace(lr=1e-3, weight_decay=0.1,
+                                                                        position_lr_mult=10.0),
                                         device)
         self.loss = torch.compile(token_loss) if args.compile else token_loss
         self.device = device

@@ -148,14 +148,16 @@ def test_sinusoid_is_bounded_by_one_and_sin_is_at_even_dims():
     assert torch.equal(pe[0, 1::2], torch.ones(16, dtype=torch.float64))
 
 
-def test_sinusoid_scale_input_multiplies_the_token_embedding_by_sqrt_d():
+def test_sinusoid_amplitude_and_scale_input():
     x, pos = torch.randn(1, 5, 32), torch.arange(5).unsqueeze(0)
     pe = sinusoid_table(pos, 32, 1e4).float()
     plain = build("sinusoidal").encoding
-    scaled = build("sinusoidal", "encoding.scale_input=true").encoding
-    torch.testing.assert_close(plain.embed(x, pos, 0), x + pe)
-    torch.testing.assert_close(scaled.embed(x, pos, 0), x * math.sqrt(32) + pe)
-    assert torch.equal(scaled.embed(x, pos, 1), x)
+    unit = build("sinusoidal", "encoding.amplitude=1.0", "encoding.scale_input=true").encoding
+    # default: sinusoids at the token embeddings' init std, the original's token:position ratio
+    torch.testing.assert_close(plain.embed(x, pos, 0), x + 0.02 * pe)
+    # fairseq's literal form: sqrt(D)-scaled tokens next to unit sinusoids
+    torch.testing.assert_close(unit.embed(x, pos, 0), x * math.sqrt(32) + pe)
+    assert torch.equal(unit.embed(x, pos, 1), x)
 
 
 # --- Learned -----------------------------------------------------------------------------------

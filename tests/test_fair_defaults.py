@@ -25,7 +25,8 @@ def build(*overrides):
 @pytest.mark.parametrize("name", WITH_PARAMETERS)
 def test_position_parameters_get_no_weight_decay_and_weight_matrices_do(name):
     model = build(f"encoding={name}")
-    optimizer = make_optimizer(model, argparse.Namespace(lr=1e-3, weight_decay=0.1),
+    optimizer = make_optimizer(model, argparse.Namespace(lr=1e-3, weight_decay=0.1,
+                                                          position_lr_mult=10.0),
                                torch.device("cpu"))
     decay_of = {id(p): group["weight_decay"] for group in optimizer.param_groups
                 for p in group["params"]}
@@ -40,7 +41,8 @@ def test_position_parameters_get_no_weight_decay_and_weight_matrices_do(name):
 def test_position_parameters_keep_their_values_under_a_decayed_step_with_zero_gradient():
     # AdamW with zero gradients moves a parameter only through weight decay
     model = build("encoding=t5")
-    optimizer = make_optimizer(model, argparse.Namespace(lr=1.0, weight_decay=0.5),
+    optimizer = make_optimizer(model, argparse.Namespace(lr=1.0, weight_decay=0.5,
+                                                          position_lr_mult=1.0),
                                torch.device("cpu"))
     before = model.encoding.bias.detach().clone()
     token_before = model.tok_emb.weight.detach().clone()
@@ -49,6 +51,25 @@ def test_position_parameters_keep_their_values_under_a_decayed_step_with_zero_gr
     optimizer.step()
     torch.testing.assert_close(model.encoding.bias, before, rtol=0, atol=0)
     torch.testing.assert_close(model.tok_emb.weight, token_before * 0.5, rtol=0, atol=0)
+
+
+def test_position_parameters_learn_at_position_lr_mult_times_the_rate(tmp_path, toy, monkeypatch,
+                                                                      capsys):
+    # Adam's first step moves every parameter with a non-negligible gradient by lr in size
+    from helpers import run_in_process
+    from posbench.checkpoint import load_checkpoint
+
+    overrides = [*toy, "encoding=t5", "train.steps=1", "train.warmup_steps=1", "train.lr=1e-3",
+                 "train.position_lr_mult=7", "train.grad_clip=1e9", "eval.lengths=[32]"]
+    cfg = posbench.compose(overrides)
+    torch.manual_seed(cfg.seed)
+    initial = posbench.build_model(cfg).state_dict()
+    proc = run_in_process(["train", *overrides, f"hydra.run.dir={tmp_path}"], monkeypatch, capsys)
+    assert proc.returncode == 0, proc.stderr
+    trained = load_checkpoint(tmp_path / "checkpoint.pt")["model"]
+    step = {key: (trained[key] - initial[key]).abs().max().item() for key in initial}
+    assert step["encoding.bias"] == pytest.approx(7e-3, rel=1e-3)
+    assert step["blocks.0.attn.qkv.weight"] == pytest.approx(1e-3, rel=1e-2)
 
 
 def test_t5_bias_starts_as_the_reference_initializes_it():
@@ -60,3 +81,11 @@ def test_t5_bias_starts_as_the_reference_initializes_it():
     std = 64 ** -0.5
     assert abs(bias.mean()) < 4 * std / math.sqrt(bias.numel())
     assert bias.std() == pytest.approx(std, rel=0.05)
+
+
+def test_sinusoids_start_at_the_token_embeddings_scale():
+    # the original Transformer's ratio: token embeddings of std 1 next to unit sinusoids; here
+    # both at the GPT's token init std, so that neither drowns the other
+    model = build("encoding=sinusoidal")
+    token_std = model.tok_emb.weight.detach().double().std().item()
+    assert model.encoding.cfg.amplitude == pytest.approx(token_std, rel=0.05)

@@ -9,6 +9,9 @@ from posbench.config import ConfigError
 from posbench.encodings.base import EncodingConfig, PositionalEncoding, register
 
 
+INIT_STD = 0.01
+
+
 @register("learned", "a learned table of absolute position vectors added to the input")
 class Learned(PositionalEncoding):
     family = "absolute"
@@ -35,8 +38,9 @@ class Learned(PositionalEncoding):
         super().__init__(cfg, dims)
         rows = cfg.max_len or dims.max_len
         tables = dims.n_layer if cfg.per_layer else 1
+        # GPT-2's wpe init (openai/gpt-2 initializes wpe with std 0.01, wte with 0.02)
         self.tables = nn.ParameterList(
-            nn.Parameter(torch.randn(rows, dims.d_model) * 0.02) for _ in range(tables))
+            nn.Parameter(torch.randn(rows, dims.d_model) * INIT_STD) for _ in range(tables))
 
     def embed(self, x, pos, layer):
         if layer >= len(self.tables):
@@ -54,4 +58,4 @@ class Learned(PositionalEncoding):
             return [f"positions >= {self.dims.train_len} read the last trained row (clamp)"]
         rows = self.tables[0].shape[0]
         return [f"learned table has {rows} rows; positions >= {self.dims.train_len} were never "
-                "trained and keep their N(0, 0.02^2) init"]
+                f"trained and keep their N(0, {INIT_STD}^2) init"]

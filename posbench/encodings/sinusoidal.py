@@ -8,6 +8,8 @@ from posbench.config import ConfigError
 from posbench.encodings.base import EncodingConfig, PositionalEncoding, register
 from posbench.encodings.rope import rope_inv_freq
 
+TOKEN_EMBEDDING_STD = 0.02  # the GPT's token embedding init (posbench/model.py)
+
 
 def sinusoid_table(pos: torch.Tensor, dim: int, base: float) -> torch.Tensor:
     """(..., dim) with sin at even and cos at odd channels; angles in float64 for long positions."""
@@ -26,17 +28,27 @@ class Sinusoidal(PositionalEncoding):
     class Config(EncodingConfig):
         base: float = 10000.0
         every_layer: bool = False
-        # the original multiplies the token embedding by sqrt(D) before adding PE; off for GPTs
+        # PE = amplitude * (sin, cos). The original Transformer adds unit sinusoids to token
+        # embeddings of standard deviation 1 (initialized at D^-1/2, multiplied by sqrt(D)); this
+        # GPT's token embeddings start at 0.02, so the default scales the sinusoids to 0.02 and
+        # keeps the original's token-to-position ratio. Unit sinusoids here drown the tokens:
+        # training ends at the corpus's unigram loss.
+        amplitude: float = TOKEN_EMBEDDING_STD
+        # multiply the token embedding by sqrt(D) before adding PE (fairseq's embed_scale)
         scale_input: bool = False
 
     @classmethod
     def check(cls, cfg, run_cfg):
         if not cfg.base > 1:
             raise ConfigError(f"encoding.base={cfg.base} is not accepted; expected a number > 1")
+        if not cfg.amplitude > 0:
+            raise ConfigError(f"encoding.amplitude={cfg.amplitude} is not accepted; expected a "
+                              "number > 0")
 
     def embed(self, x, pos, layer):
         if layer > 0 and not self.cfg.every_layer:
             return x
         if layer == 0 and self.cfg.scale_input:
             x = x * math.sqrt(x.shape[-1])
-        return x + sinusoid_table(pos, x.shape[-1], self.cfg.base).to(x.dtype)
+        pe = self.cfg.amplitude * sinusoid_table(pos, x.shape[-1], self.cfg.base)
+        return x + pe.to(x.dtype)
