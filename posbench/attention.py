@@ -36,7 +36,7 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, pos: torch.Tensor, encoding) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.heads(x, pos, encoding)
-        y = attend(q, k, v, pos, encoding, self.layer)
+        y = attend(q, k, v, pos, encoding, self.layer, x)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
     def heads(self, x: torch.Tensor, pos: torch.Tensor, encoding):
@@ -58,10 +58,19 @@ def logn_scale(n: int, train_len: int, device=None) -> torch.Tensor:
     return (seen.log() / math.log(train_len)).clamp(min=1).unsqueeze(-1)
 
 
-def bound_hooks(q, k, pos, encoding, layer):
-    """The encoding's score_mod, row_mod and value_mod bound to these q, k and positions, each
-    None where the encoding has no such hook."""
-    score_mod = encoding.score_mod(q, k, pos, layer) if encoding.score_mod is not None else None
+def bound_hooks(q, k, pos, encoding, layer, x=None):
+    """The encoding's score_mod, row_mod and value_mod bound to these q, k and positions (and to
+    the attention's input x where the encoding reads it), each None where the encoding has no
+    such hook."""
+    if encoding.score_mod is None:
+        score_mod = None
+    elif encoding.reads_input:
+        if x is None:
+            raise ValueError(f"{type(encoding).__name__}'s score_mod reads the attention's input: "
+                             "pass x")
+        score_mod = encoding.score_mod(q, k, pos, layer, x=x)
+    else:
+        score_mod = encoding.score_mod(q, k, pos, layer)
     row_mod = (functools.partial(encoding.row_mod, q=q, pos=pos, layer=layer)
                if encoding.row_mod is not None else None)
     value_mod = (functools.partial(encoding.value_mod, pos=pos, layer=layer)
@@ -69,13 +78,15 @@ def bound_hooks(q, k, pos, encoding, layer):
     return score_mod, row_mod, value_mod
 
 
-def attend(q, k, v, pos, encoding, layer):
+def attend(q, k, v, pos, encoding, layer, x=None):
+    """Causal attention of q, k, v (B, H, T, d) under the encoding's hooks; x (B, T, D), the
+    attention's input, is needed by the encodings that read it (reads_input)."""
     if q.dtype != v.dtype:
         # rotate kept q and k wider than v (the group family's shear under autocast): their
         # logits need it, and autocast would round them back to bf16 in SDPA and FlexAttention
         with torch.autocast(q.device.type, enabled=False):
-            return attend(q, k, v.to(q.dtype), pos, encoding, layer).to(v.dtype)
-    score_mod, row_mod, value_mod = bound_hooks(q, k, pos, encoding, layer)
+            return attend(q, k, v.to(q.dtype), pos, encoding, layer, x).to(v.dtype)
+    score_mod, row_mod, value_mod = bound_hooks(q, k, pos, encoding, layer, x)
     if row_mod is None and value_mod is None:
         if score_mod is None:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -152,12 +163,12 @@ def _block_probs(q, k, start, b, h, score_mod, row_mod):
     return torch.softmax(scores, dim=-1), q_idx, kv_idx
 
 
-def attention_probs(q, k, pos, encoding, layer, start=0, end=None):
+def attention_probs(q, k, pos, encoding, layer, start=0, end=None, x=None):
     """Attention probabilities (B, H, end - start, end) of queries start..end-1 from q and k as
     CausalSelfAttention.heads returns them: the dense-score path every hook goes through, for
     inspecting what a trained model attends to (value_mod changes the output, not these)."""
     end = q.shape[2] if end is None else end
-    score_mod, row_mod, _ = bound_hooks(q, k, pos, encoding, layer)
+    score_mod, row_mod, _ = bound_hooks(q, k, pos, encoding, layer, x)
     b = torch.arange(q.shape[0], device=q.device).view(-1, 1, 1, 1)
     h = torch.arange(q.shape[1], device=q.device).view(1, -1, 1, 1)
     return _block_probs(q[:, :, start:end], k[:, :, :end], start, b, h, score_mod, row_mod)[0]

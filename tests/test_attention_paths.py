@@ -38,6 +38,14 @@ def inputs(seed=0, dtype=torch.float64):
     return [torch.randn(B, H, T, D, generator=g, dtype=dtype).requires_grad_() for _ in range(3)]
 
 
+def block_input(enc, dtype=torch.float64):
+    """x= for the encodings whose score_mod reads the attention's input (FoX), the same input
+    at every call; nothing for the others."""
+    if not enc.reads_input:
+        return {}
+    return {"x": torch.randn(B, T, 32, generator=torch.Generator().manual_seed(1), dtype=dtype)}
+
+
 def positions(shared):
     """The model's usual expanded arange, or a separate row per sequence at other offsets."""
     if shared:
@@ -88,7 +96,7 @@ def test_blockwise_paths_forward_and_backward(name, shared, additive, blocks, mo
         monkeypatch.setattr(attention, "BACKWARD_ROWS", 5)  # chunks that straddle blocks
     q, k, v = inputs()
     enc = encoding(name)
-    fn = enc.score_mod(q, k, positions(shared), 0)
+    fn = enc.score_mod(q, k, positions(shared), 0, **block_input(enc))
     out = blockwise_attention(q, k, v, fn, additive=additive)
     assert_same_with_grads(out, dense_reference(q, k, v, fn), (q, k, v, *enc.parameters()))
 
@@ -98,7 +106,8 @@ def test_additive_score_mod_adds_a_bias_that_ignores_the_score(name):
     """The flag's promise: score_mod(s) = s + score_mod(0) for any s, so that the bias can be
     evaluated once on zeros."""
     q, k, v = inputs()
-    fn = encoding(name).score_mod(q, k, positions(False), 1)
+    enc = encoding(name)
+    fn = enc.score_mod(q, k, positions(False), 1, **block_input(enc))
     b, h = torch.arange(B).view(B, 1, 1, 1), torch.arange(H).view(1, H, 1, 1)
     q_idx, kv_idx = torch.arange(T).view(1, 1, T, 1), torch.arange(T).view(1, 1, 1, T)
     scores = torch.randn(B, H, T, T, dtype=torch.float64) * 10
@@ -123,9 +132,9 @@ def test_additive_encodings_take_the_sdpa_mask_path(name, monkeypatch):
     enc = encoding(name)
     assert enc.additive_score_mod
     pos = positions(True)
-    out = attend(q, k, v, pos, enc, 1)
-    assert_same_with_grads(out, dense_reference(q, k, v, enc.score_mod(q, k, pos, 1)),
-                           (q, k, v, *enc.parameters()))
+    out = attend(q, k, v, pos, enc, 1, **block_input(enc))
+    fn = enc.score_mod(q, k, pos, 1, **block_input(enc))
+    assert_same_with_grads(out, dense_reference(q, k, v, fn), (q, k, v, *enc.parameters()))
 
 
 def test_learned_bias_in_a_later_block_starts_at_its_offset():
@@ -155,7 +164,7 @@ def test_flex_attention_forward_on_cpu(name, monkeypatch):
     with torch.no_grad():
         if enc.rotate is not None:  # the decay presets rotate as well
             q, k = enc.rotate(q, k, pos, 0)
-        fn = enc.score_mod(q, k, pos, 0)
+        fn = enc.score_mod(q, k, pos, 0, **block_input(enc, torch.float32))
         out = attention.flex_attention(q, k, v, fn)
         torch.testing.assert_close(out, dense_reference(q.double(), k.double(), v.double(), fn)
                                    .float(), rtol=1e-5, atol=1e-5)

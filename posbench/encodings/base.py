@@ -5,11 +5,13 @@ and never branch on its name. A hook left as None does nothing:
 
 - positions(pos) -> pos                 remap position ids (e.g. randomized positions in training)
 - embed(x, pos, layer) -> x              add to the residual stream before block `layer`
-- rotate(q, k, pos, layer) -> (q, k)     transform queries and keys, (B, H, T, d) each
+- rotate(q, k, pos, layer) -> (q, k)     transform queries and keys, (B, H, T, d) each; they may
+                                         come back wider than v (PoPE's are (B, H, T, 2d))
 - score_mod(q, k, pos, layer) -> fn      fn(score, b, h, q_idx, kv_idx) -> score, FlexAttention's
                                          signature; `score` is already scaled by 1/sqrt(d). The same
                                          fn runs inside FlexAttention on CUDA and on broadcast
-                                         index tensors in the blockwise CPU path.
+                                         index tensors in the blockwise CPU path. An encoding
+                                         with reads_input also gets x=, the attention's input
 - row_mod(logits, q, pos, layer, q_idx, kv_idx) -> logits
                                          rewrite whole masked rows of logits (needs the row, so it
                                          always takes the blockwise path)
@@ -68,6 +70,9 @@ class PositionalEncoding(nn.Module):
     # score_mod(score, ...) is score + a bias that does not read `score`: the CPU path then
     # evaluates the bias on zeros and runs fused SDPA with it as a float mask
     additive_score_mod: ClassVar[bool] = False
+    # score_mod(q, k, pos, layer, x=x) also receives the attention's input x (B, T, D), after the
+    # block's LayerNorm: for biases computed from the tokens themselves (FoX's forget gate)
+    reads_input: ClassVar[bool] = False
 
     positions: Optional[Callable] = None
     embed: Optional[Callable] = None
