@@ -60,11 +60,38 @@ class TrainConfig:
     position_lr_mult: float = 10.0
     grad_clip: float = 1.0
     log_every: int = 50
+    # validation loss at the training length every this many steps (0: never), on train.batch_size
+    # fixed validation windows, into metrics.csv and loss_vs_step.png
+    val_every: int = 250
     # a checkpoint every this many steps (0: only at the end); a killed run resumes from the last
     ckpt_every: int = 250
     # continue the run dir's checkpoint, or skip a finished run; false refuses a used run dir
     resume: bool = True
     compile: bool = False
+    # fraction of training sequences replaced by passkey sequences in eval.retrieval's format,
+    # drawn per (seed, step) (posbench/retrieval.py): part of the training distribution. A tiny
+    # model trained on text alone never learns to copy, so retrieval past L shows nothing
+    retrieval_mix: float = 0.0
+
+
+@dataclass
+class RetrievalConfig:
+    """Passkey retrieval by length and depth (posbench/retrieval.py), language-model runs only."""
+    enabled: bool = False
+    # null: eval.lengths (with the training length)
+    lengths: Optional[List[int]] = None
+    # where the asked key sits in the filler: 0 at its start, 1 just before the question
+    depths: List[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
+    key_tokens: int = 8
+    # keys planted per sequence; one of them is asked
+    keys: int = 1
+    trials: int = 8
+    seed: int = 0
+    # effective context: the largest length up to which the mean over depths of `metric` stays
+    # >= threshold. 1 bit saved per key token: a key token drawn from the corpus's ~60 letters
+    # and digits holds ~6 bits, and a model that does not copy saves 0 +- 0.15 bits
+    metric: str = "bits_saved"
+    threshold: float = 1.0
 
 
 @dataclass
@@ -90,6 +117,10 @@ class EvalConfig:
     # sorted positions below encoding.max_len as in training, as its reference does, each window
     # from its own fixed seed; `plain` feeds 0..n-1 (posbench/encodings/randomized.py)
     randomized_positions: str = "random"
+    # effective context by perplexity: the largest length up to which ppl stays within
+    # (1 + ppl_tolerance) of its value at the training length
+    ppl_tolerance: float = 0.1
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
 
 
 @dataclass
@@ -118,6 +149,7 @@ RANDOMIZED_POSITIONS = ("random", "plain")
 DEVICES = ("auto", "cpu", "cuda")
 LOGGERS = ("none", "wandb")
 LOGGER_MODES = ("offline", "online", "disabled")
+RETRIEVAL_METRICS = ("bits_saved", "exact_match")
 
 
 def register_schemas() -> None:
@@ -170,6 +202,37 @@ def _check_rope_scaling_factor(eval_cfg) -> None:
              "a finite number > 1 (the static scale s; dynamic_ntk's alpha), or null (dynamic)")
 
 
+def _check_retrieval(cfg) -> None:
+    # runs saved before these keys existed take their defaults
+    tolerance = cfg.eval.get("ppl_tolerance", EvalConfig.ppl_tolerance)
+    _require(math.isfinite(tolerance) and tolerance >= 0, "eval.ppl_tolerance", tolerance,
+             "a finite number >= 0")
+    mix = cfg.train.get("retrieval_mix", 0.0)
+    _require(0 <= mix < 1, "train.retrieval_mix", mix,
+             "a fraction in [0, 1) (the share of training sequences that are passkeys)")
+    task = cfg.dataset.name.startswith("task_")
+    _require(mix == 0 or not task, "train.retrieval_mix", mix,
+             f"0 for dataset={cfg.dataset.name} (passkeys are planted in text)")
+    r = OmegaConf.merge(OmegaConf.structured(RetrievalConfig), cfg.eval.get("retrieval", {}))
+    for key in ("key_tokens", "keys", "trials"):
+        _positive(f"eval.retrieval.{key}", r[key])
+    for n in r.lengths or []:
+        _positive("eval.retrieval.lengths", n)
+    _require(len(r.depths) > 0, "eval.retrieval.depths", list(r.depths),
+             "a non-empty list of depths in [0, 1]")
+    for depth in r.depths:
+        _require(0 <= depth <= 1, "eval.retrieval.depths", depth,
+                 "depths in [0, 1] (0: the key at the start of the filler, 1: at its end)")
+    _require(r.metric in RETRIEVAL_METRICS, "eval.retrieval.metric", r.metric,
+             f"one of {RETRIEVAL_METRICS}")
+    _require(math.isfinite(r.threshold) and (r.metric == "bits_saved" or 0 < r.threshold <= 1),
+             "eval.retrieval.threshold", r.threshold,
+             "a fraction in (0, 1] with metric exact_match" if r.metric == "exact_match"
+             else "a finite number (bits saved per key token)")
+    _require(not r.enabled or not task, "eval.retrieval.enabled", r.enabled,
+             f"false for dataset={cfg.dataset.name} (its tasks report exact match already)")
+
+
 def check(cfg: DictConfig) -> None:
     """Checks types (also of configs that did not come through the schema, such as a saved run's),
     ranges, choices, and the encoding's own values."""
@@ -191,6 +254,9 @@ def check(cfg: DictConfig) -> None:
         _positive(f"train.{key}", cfg.train[key])
     _require(cfg.train.ckpt_every >= 0, "train.ckpt_every", cfg.train.ckpt_every,
              "an integer >= 0 (0: a checkpoint only at the end)")
+    val_every = cfg.train.get("val_every", 0)  # absent from runs saved before it existed
+    _require(val_every >= 0, "train.val_every", val_every,
+             "an integer >= 0 (0: no validation during training)")
     _require(cfg.train.lr > 0, "train.lr", cfg.train.lr, "a positive number")
     _require(cfg.train.position_lr_mult > 0, "train.position_lr_mult",
              cfg.train.position_lr_mult, "a positive number")
@@ -222,6 +288,7 @@ def check(cfg: DictConfig) -> None:
              f"one of {RANDOMIZED_POSITIONS}")
     _require(not cfg.eval.logn_scaling or cfg.train.seq_len > 1, "eval.logn_scaling",
              cfg.eval.logn_scaling, "false when train.seq_len=1 (kappa divides by log L)")
+    _check_retrieval(cfg)
     _require(cfg.device in DEVICES, "device", cfg.device, f"one of {DEVICES}")
     _require(cfg.logger.name in LOGGERS, "logger.name", cfg.logger.name, f"one of {LOGGERS}")
     _require(cfg.logger.mode in LOGGER_MODES, "logger.mode", cfg.logger.mode, f"one of {LOGGER_MODES}")

@@ -17,6 +17,7 @@ from hydra.experimental.callback import Callback
 
 from posbench.config import ConfigError, flatten
 from posbench.io import atomic_path, write_text
+from posbench import retrieval
 from posbench.parity import UNDER_TRAINED, Gap, parity_gaps
 from posbench.results import RESULTS, load_results
 
@@ -256,6 +257,7 @@ def write_report(root: Path) -> Dict[str, dict]:
     if "accuracy" in tables:
         lines += ["", f"Exact-match accuracy by evaluation length{band}.", ""]
         lines += _markdown_table(tables["accuracy"], 3)
+    lines += retrieval.report_lines(ok, labels)
     if failed:
         lines += ["", "Failed runs:", ""] + [f"- {r['_dir']}: {r.get('error', r.get('status'))}"
                                             for r in failed]
@@ -268,9 +270,10 @@ def write_report(root: Path) -> Dict[str, dict]:
                     title=f"{METRICS[metric][0]} vs length ({len(ok)} runs)",
                     band_label=BAND if seeds > 1 else "", metric=metric,
                     gaps=gaps if metric == "ppl" else None)
+    grid = retrieval.plot_grid(ok, labels, root / "retrieval_grid.png")
     print("\n".join(lines))
     print(f"\nwrote {root / 'summary.md'}, summary.csv, "
-          + ", ".join(f"{m}_vs_length.png" for m in tables))
+          + ", ".join([f"{m}_vs_length.png" for m in tables] + ["retrieval_grid.png"] * grid))
     return {label: {"train_length": train_of[label],
                     "train_length_ppl": tables["ppl"][label][train_of[label]]["mean"],
                     "gap": gap.gap, "gap_ci95": gap.band, "under_trained": gap.under_trained,

@@ -9,17 +9,20 @@ from pathlib import Path
 from typing import List, Optional
 
 import posbench
-from posbench.config import to_container
+from posbench.config import EvalConfig, to_container
 from posbench.data.windows import scored_block
 from posbench.io import write_json, write_text
 from posbench.parity import ppl_at
+from posbench.retrieval import ppl_effective_length
 
 RESULTS = "results.json"
 
 
 def results_record(cfg, model, data, curve: List[dict], train: dict,
-                   status: str = "ok", error: Optional[str] = None) -> dict:
+                   status: str = "ok", error: Optional[str] = None,
+                   retrieval: Optional[dict] = None) -> dict:
     m = cfg.model
+    tolerance = cfg.eval.get("ppl_tolerance", EvalConfig.ppl_tolerance)  # older runs lack it
     record = {
         "encoding": cfg.encoding.name, "seed": cfg.seed, "status": status,
         "model": {"params": model.num_params(), "n_layer": m.n_layer, "n_head": m.n_head,
@@ -34,7 +37,13 @@ def results_record(cfg, model, data, curve: List[dict], train: dict,
                  "randomized_positions": cfg.eval.randomized_positions,
                  # the reference of parity between runs (posbench/parity.py)
                  "train_len_ppl": ppl_at(curve, cfg.train.seq_len),
-                 "curve": curve},
+                 "ppl_tolerance": tolerance,
+                 # posbench/retrieval.py: the largest lengths where ppl and retrieval hold up
+                 "effective_length": {
+                     "ppl": ppl_effective_length(curve, cfg.train.seq_len, tolerance),
+                     "retrieval": retrieval["effective_length"] if retrieval else None},
+                 "curve": curve,
+                 "retrieval": retrieval},
         "notes": model.encoding.notes(),
         "version": posbench.__version__,
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -73,6 +82,7 @@ def write_results(run_dir: Path, record: dict, name: str = RESULTS) -> None:
     """results.json, curve.csv, ppl_vs_length.png, per_position.csv and .png, and for a task
     accuracy_vs_length.png; `name` lets re-evaluations sit beside."""
     from posbench.report import plot_curves, plot_per_position
+    from posbench.retrieval import plot_heatmap
 
     stem = Path(name).stem.replace("results", "", 1)
     curve = record["eval"]["curve"]
@@ -86,6 +96,9 @@ def write_results(run_dir: Path, record: dict, name: str = RESULTS) -> None:
                                           if "accuracy" in p]},
                     train_len, run_dir / f"accuracy_vs_length{stem}.png", title=title,
                     metric="accuracy")
+    if record["eval"].get("retrieval"):
+        plot_heatmap(record["eval"]["retrieval"], train_len,
+                     run_dir / f"retrieval_heatmap{stem}.png", title=title)
     if any("per_position" in p for p in curve):
         write_text(run_dir / f"per_position{stem}.csv", per_position_csv(curve))
         plot_per_position(curve, train_len, run_dir / f"per_position{stem}.png", title=title)

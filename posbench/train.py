@@ -39,6 +39,7 @@ from posbench.io import FileLock, LockHeld, write_json
 from posbench.loggers import NoLogger, make_logger
 from posbench.progress import Bar
 from posbench.results import RESULTS, load_results, print_curve, results_record, write_results
+from posbench.retrieval import Passkeys, evaluate_retrieval, mixer, plan_passkeys
 
 # config keys that change neither the weights nor the training loss: they may differ on resume
 RESUME_FREE = ("eval.", "logger.", "train.resume", "train.ckpt_every", "dataset.cache_dir")
@@ -61,6 +62,7 @@ class Start:
     model: torch.nn.Module
     state: Optional[dict]  # the checkpoint to resume from; None: step 0
     lock: Optional[FileLock]  # the run dir's, held until the run ends; None on ranks > 0
+    passkeys: Optional[Passkeys] = None  # when the run plants or asks passkeys
 
     def release(self) -> None:
         if self.lock:
@@ -207,13 +209,14 @@ def plan_run(cfg: DictConfig, run_dir: Path) -> Start:
             raise ConfigError(f"run dir {str(run_dir)!r} already holds results.json (status ok); "
                               "expected a new run dir (nothing was overwritten)")
         device, data = prepare_run(cfg)
+        passkeys = plan_passkeys(cfg, data)
         torch.manual_seed(cfg.seed)
         model = posbench.build_model(cfg, data.vocab_size)
         state = None
         if (run_dir / CHECKPOINT).exists():
             state = load_checkpoint(run_dir / CHECKPOINT)
             check_resumable(cfg, state, run_dir / CHECKPOINT, data, model)
-        return Start(device, data, model.to(device), state, lock)
+        return Start(device, data, model.to(device), state, lock, passkeys)
     except BaseException:
         if lock:
             lock.release()
@@ -327,6 +330,7 @@ def fit(cfg: DictConfig, start: Start, run_dir: Path, logger, progress: Progress
                                                    state["last_loss"])
     first = progress.first
     tokens_per_step = t.batch_size * t.seq_len
+    plant = mixer(start.passkeys, t.get("retrieval_mix", 0.0))
     session = time.perf_counter()
 
     def elapsed() -> float:
@@ -340,7 +344,7 @@ def fit(cfg: DictConfig, start: Start, run_dir: Path, logger, progress: Progress
         for group in optimizer.param_groups:
             group["lr"] = lr * group.get("lr_mult", 1.0)
         x, y = (distributed.shard(z).to(device, non_blocking=True) for z in
-                train_batch(data, t.seq_len, t.batch_size, cfg.seed, step))
+                train_batch(data, t.seq_len, t.batch_size, cfg.seed, step, plant))
         with autocast:
             # mean over trained targets (tasks mark the others IGNORE; text trains on all)
             loss = step_fn(x, targets=y).sum() / (y != IGNORE).sum()
@@ -436,7 +440,11 @@ def run_started(cfg: DictConfig, run_dir: Path, group: str, name: str,
         if not main:
             return None
         curve = evaluate(start.model, start.data, cfg.eval, start.device, cfg.train.seq_len)
-        record = results_record(cfg, start.model, start.data, curve, train=summary)
+        retrieval = (evaluate_retrieval(start.model, start.passkeys, cfg.eval, cfg.train.seq_len,
+                                        start.device)
+                     if cfg.eval.retrieval.enabled else None)
+        record = results_record(cfg, start.model, start.data, curve, train=summary,
+                                retrieval=retrieval)
         write_results(run_dir, record)
     except Exception as err:  # noqa: BLE001 - any failure of a started run is recorded
         raise record_failure(cfg, start, run_dir, progress, err) from err
@@ -444,6 +452,8 @@ def run_started(cfg: DictConfig, run_dir: Path, group: str, name: str,
         raise Interrupted(str(record_failure(cfg, start, run_dir, progress, err))) from None
     logger.log_curve(curve)
     logger.finish({"final_loss": summary["final_loss"],
-                   "train_len_ppl": record["eval"]["train_len_ppl"]})
+                   "train_len_ppl": record["eval"]["train_len_ppl"],
+                   **{f"effective_length/{k}": v
+                      for k, v in record["eval"]["effective_length"].items()}})
     print_curve(record)
     return record

@@ -30,9 +30,12 @@ def check_train_len(data, seq_len: int) -> None:
                           f"<= {data.longest('train') - 1}")
 
 
-def train_batch(data, seq_len: int, batch_size: int, seed: int, step: int):
+def train_batch(data, seq_len: int, batch_size: int, seed: int, step: int,
+                plant: Optional[Callable[[np.ndarray, int, int], None]] = None):
     """Batch `step` of a seeded run: uniform over all windows inside training documents. It depends
-    on (seed, step) alone, so a resumed run sees exactly the batches it would have seen."""
+    on (seed, step) alone, so a resumed run sees exactly the batches it would have seen. `plant`
+    (train.retrieval_mix: posbench/retrieval.py, mix_rows) replaces some rows in place, from its
+    own generator of (seed, step)."""
     if isinstance(data, TaskData):
         x, y = data.train_batch(seq_len, batch_size, seed, step)
         return torch.from_numpy(x), torch.from_numpy(y)
@@ -43,6 +46,8 @@ def train_batch(data, seq_len: int, batch_size: int, seed: int, step: int):
     doc = np.searchsorted(cum, picks, side="right")
     starts = first[doc] + picks - (cum[doc] - counts[doc])
     rows = np.stack([data.tokens[s:s + seq_len + 1] for s in starts]).astype(np.int64)
+    if plant is not None:
+        plant(rows, seed, step)
     rows = torch.from_numpy(rows)
     return rows[:, :-1], rows[:, 1:]
 
