@@ -93,11 +93,14 @@ def log_sweep_report(logger_cfg, sweep_dir: Path, parity: dict) -> None:
     run = wandb.init(project=logger_cfg.project, entity=logger_cfg.entity, name="report",
                      group=sweep_dir.name, dir=str(sweep_dir), mode=mode, reinit="create_new",
                      job_type="report")
+    grid = sweep_dir / "retrieval_grid.png"
     columns = ["label", "train_length", "train_length_ppl", "gap", "gap_ci95", "under_trained",
                "extrapolation_ratio"]
     run.log({"parity": wandb.Table(columns=columns, data=[[label, *(row[c] for c in columns[1:])]
                                                           for label, row in parity.items()]),
-             "ppl_vs_length": wandb.Image(str(sweep_dir / "ppl_vs_length.png"))})
+             "ppl_vs_length": wandb.Image(str(sweep_dir / "ppl_vs_length.png")),
+             # the side-by-side retrieval heatmaps, when the sweep scored retrieval
+             **({"retrieval_grid": wandb.Image(str(grid))} if grid.exists() else {})})
     run.summary.update({f"parity/{label}/{key}": value for label, row in parity.items()
                         for key, value in row.items()})
     run.finish()
