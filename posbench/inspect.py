@@ -6,8 +6,11 @@
   validation windows at each inspected length, and the mass on keys with lag > L at lengths past L
   (docs/encodings.md#group-family: far logits that only decay to 0 keep a share that grows with
   the length).
-- inspect.json: the numbers of both plots.
-Only these three files are written (atomically); results and the checkpoint are never touched.
+- inspect_by_length.png: per layer and head against the inspected length, the attention entropy
+  and the mass on the first token (the sink), both means over queries, and the mass at lag > L:
+  why a curve bends past L (attention spread thinner, parked on the sink, or reaching too far).
+- inspect.json: the numbers of the plots.
+Only these four files are written (atomically); results and the checkpoint are never touched.
 """
 from __future__ import annotations
 
@@ -51,6 +54,7 @@ def inspect_run(run_dir: Path, lengths: Optional[List[int]] = None) -> dict:
               "skipped inspect_positions.png")
     record["attention"] = attention_summary(model, data, cfg, lengths)
     plot_attention(record["attention"], train_len, run_dir / "inspect_attention.png")
+    plot_by_length(record["attention"], train_len, run_dir / "inspect_by_length.png")
     write_json(run_dir / "inspect.json", record)
     print(f"wrote {run_dir / 'inspect.json'} and its plots")
     return record
@@ -115,18 +119,21 @@ def lag_bins(longest: int) -> List[List[int]]:
 
 
 @torch.no_grad()
-def lag_mass(model, x: torch.Tensor) -> torch.Tensor:
+def lag_mass(model, x: torch.Tensor):
     """(layers, H, T) attention mass at each lag summed over the windows x (B, T) and their
-    queries. Each attention module's input is caught by a pre-hook and turned into q, k by the
-    module itself, so the probabilities are the ones the forward uses."""
+    queries, and (layers, H) sums over the same queries of the entropy (nats) and of the mass on
+    the first token. Each attention module's input is caught by a pre-hook and turned into q, k
+    by the module itself, so the probabilities are the ones the forward uses."""
     T = x.shape[1]
-    totals = []
+    totals, entropies, sinks = [], [], []
 
     def catch(attn, args):
         inp, pos, encoding = args
         q, k, _ = attn.heads(inp, pos, encoding)
         B, H = q.shape[:2]
         total = torch.zeros(B, H, T, dtype=torch.float64, device=x.device)
+        entropy = torch.zeros(H, dtype=torch.float64, device=x.device)
+        sink = torch.zeros(H, dtype=torch.float64, device=x.device)
         rows = max(1, min(T, BLOCK_ELEMENTS // (B * H * T)))  # bounds memory like blockwise
         for start in range(0, T, rows):
             probs = attention_probs(q, k, pos, encoding, attn.layer, start, min(T, start + rows),
@@ -135,7 +142,12 @@ def lag_mass(model, x: torch.Tensor) -> torch.Tensor:
                    - torch.arange(probs.shape[3], device=x.device)).clamp(min=0)  # future: p = 0
             total.scatter_add_(2, lag.flatten().expand(B, H, -1),
                                probs.flatten(2).to(torch.float64))
+            p = probs.to(torch.float64)
+            entropy -= torch.special.xlogy(p, p).sum((0, 2, 3))  # 0 log 0 = 0 (masked keys)
+            sink += p[..., 0].sum((0, 2))
         totals.append(total.sum(0))
+        entropies.append(entropy)
+        sinks.append(sink)
 
     hooks = [block.attn.register_forward_pre_hook(catch) for block in model.blocks]
     try:
@@ -143,7 +155,7 @@ def lag_mass(model, x: torch.Tensor) -> torch.Tensor:
     finally:
         for hook in hooks:
             hook.remove()
-    return torch.stack(totals).cpu()
+    return torch.stack(totals).cpu(), torch.stack(entropies).cpu(), torch.stack(sinks).cpu()
 
 
 def _windows(data, cfg, length: int) -> torch.Tensor:
@@ -156,15 +168,16 @@ def _windows(data, cfg, length: int) -> torch.Tensor:
 
 
 def attention_summary(model, data, cfg, lengths: List[int]) -> dict:
-    """Per length: mass[layer][head][bin], the mean over queries (each row sums to 1), and
-    mass_beyond_train_len[layer][head], the mean over queries t > L of the mass at lag > L."""
+    """Per length: mass[layer][head][bin], the mean over queries (each row sums to 1),
+    mass_beyond_train_len[layer][head], the mean over queries t > L of the mass at lag > L, and
+    the means over all queries of entropy[layer][head] (nats) and sink_mass[layer][head]."""
     L, device = cfg.train.seq_len, next(model.parameters()).device
     bins = lag_bins(max(lengths))
     out = {"lag_bins": bins, "lengths": []}
     for length in lengths:
         x = _windows(data, cfg, length).to(device)
         try:
-            per_lag = lag_mass(model, x)
+            per_lag, entropy, sink = lag_mass(model, x)
         except ValueError as err:  # e.g. a position past a learned table
             raise ConfigError(f"length {length} cannot be inspected: {err}; expected lengths "
                               "the model can read (--lengths)") from None
@@ -174,7 +187,9 @@ def attention_summary(model, data, cfg, lengths: List[int]) -> dict:
         if length > L + 1:  # queries t > L exist: t = L+1 .. length-1
             beyond = (per_lag[..., L + 1:].sum(-1) / (x.shape[0] * (length - L - 1))).tolist()
         out["lengths"].append({"length": length, "mass": mass.tolist(),
-                               "mass_beyond_train_len": beyond})
+                               "mass_beyond_train_len": beyond,
+                               "entropy": (entropy / queries).tolist(),
+                               "sink_mass": (sink / queries).tolist()})
     return out
 
 
@@ -202,4 +217,30 @@ def plot_attention(summary: dict, train_len: int, path: Path) -> None:
             ax.set_ylabel("mean attention mass", fontsize=8)
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=6)
+    save_figure(plt, fig, path)
+
+
+def plot_by_length(summary: dict, train_len: int, path: Path) -> None:
+    """Entropy, sink mass and mass at lag > L against the inspected length: one panel each, a
+    colour per layer, a line per head."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    points = summary["lengths"]
+    colours = plt.get_cmap("tab10").colors
+    panels = (("entropy", "attention entropy (nats, mean over queries)"),
+              ("sink_mass", "mass on the first token (mean over queries)"),
+              ("mass_beyond_train_len", f"mass at lag > {train_len} (queries t > {train_len})"))
+    for ax, (key, label) in zip(axes, panels):
+        for layer, heads in enumerate(points[0]["mass"]):
+            for head in range(len(heads)):
+                xy = [(p["length"], p[key][layer][head]) for p in points if p[key] is not None]
+                if xy:
+                    ax.plot(*zip(*xy), marker=".", color=colours[layer % len(colours)],
+                            label=f"layer {layer}" if head == 0 else None)
+        ax.axvline(train_len, color="gray", linestyle="--")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("inspected length (dashed: train length)", fontsize=8)
+        ax.set_ylabel(label, fontsize=8)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
     save_figure(plt, fig, path)

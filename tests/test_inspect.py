@@ -1,6 +1,7 @@
 """`posbench inspect RUN_DIR`: learned positions' PCA and attention mass by lag, at toy size,
 through the console script's own function in this process."""
 import json
+import math
 import sys
 
 import pytest
@@ -43,6 +44,12 @@ def check_attention(record, train_len=32):
     assert lengths[0]["mass_beyond_train_len"] is None
     beyond = lengths[1]["mass_beyond_train_len"]
     assert all(0 <= m <= 1 for heads in beyond for m in heads)
+    for point in lengths:  # query t spreads over t+1 keys: entropy <= mean of log(t+1)
+        bound = sum(math.log(t + 1) for t in range(point["length"])) / point["length"]
+        assert all(0 <= e <= bound + 1e-9 for heads in point["entropy"] for e in heads)
+        # query 0 puts all of its mass on the first token
+        assert all(1 / point["length"] - 1e-9 <= m <= 1 for heads in point["sink_mass"]
+                   for m in heads)
 
 
 def test_learned_run_gets_both_plots_and_leaves_results_alone(runs, monkeypatch, capsys):
@@ -51,7 +58,7 @@ def test_learned_run_gets_both_plots_and_leaves_results_alone(runs, monkeypatch,
     proc = run_in_process(["inspect", str(run_dir)], monkeypatch, capsys)
     assert "Traceback" not in proc.stdout + proc.stderr
     assert proc.returncode == 0, proc.stderr
-    for name in ("inspect_positions.png", "inspect_attention.png"):
+    for name in ("inspect_positions.png", "inspect_attention.png", "inspect_by_length.png"):
         assert (run_dir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     record = json.loads((run_dir / "inspect.json").read_text())
     check_attention(record)
