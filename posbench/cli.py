@@ -4,25 +4,38 @@ from __future__ import annotations
 
 import os
 import re
+import select
+import signal
 import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable, List, Optional, Tuple
 
 import hydra
+import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 import posbench
-from posbench.config import ConfigError, check
-from posbench.io import write_text
+from posbench import distributed
+from posbench.checkpoint import CHECKPOINT
+from posbench.config import ConfigError, check, to_container
+from posbench.io import write_json, write_text
 from posbench.resolvers import SWEPT
+from posbench.results import REFUSED, RESULTS, load_results
 
 USAGE = """usage: posbench <verb> [args]
 
   train [overrides]          train short, evaluate long; a Hydra app: -m for sweeps, --cfg job,
-                             --help, hydra.run.dir=...   e.g. posbench train encoding=alibi
-  eval RUN_DIR [overrides]   re-evaluate a run's checkpoint without retraining, e.g.
-                             posbench eval RUN_DIR eval.rope_scaling=yarn eval.lengths=[512,4096]
+                             --help, hydra.run.dir=...   e.g. posbench train encoding=alibi;
+                             --dry-run lists the jobs with their estimated cost, runs nothing
+  eval DIR [overrides]       re-score a run's checkpoint, or every finished run below DIR, without
+                             retraining; -m sweeps eval keys, e.g.
+                             posbench eval SWEEP_DIR -m eval.rope_scaling=none,pi,ntk,yarn
   inspect RUN_DIR [--lengths L1,L2]
                              plots that explain a run (learned positions' PCA, attention mass by
                              lag per head) into RUN_DIR; lengths default to train length and 4x
@@ -50,9 +63,24 @@ def _remove_if_empty(run_dir: Path) -> None:
         run_dir.rmdir()
 
 
+# keys that `posbench eval` adds to Hydra's config of each run it scores
+EVAL_RUN, EVAL_FOLDER = "posbench_eval_run", "posbench_eval_folder"
+
+
+def _record_refusal(run_dir: Path, err: ConfigError) -> None:
+    """A sweep's job refused at its start leaves the reason in its job dir, when that holds
+    nothing else, so that the sweep's report lists it (a single run refused leaves nothing)."""
+    if run_dir.is_dir() and all(p.name == REFUSED for p in run_dir.iterdir()):
+        write_json(run_dir / REFUSED, {"status": "refused", "error": str(err),
+                                       "overrides": list(HydraConfig.get().overrides.task),
+                                       "refused_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+
+
 # exit codes of this process's jobs that did not finish: a sweep goes on past them, and main()
 # exits with the worst at the end (2: refused, 1: failed)
 _job_errors: list = []
+# set by `posbench train --dry-run`: the jobs' totals, while the jobs only print their estimates
+_dry_run: Optional[dict] = None
 
 
 def _job_error(err: object, code: int) -> None:
@@ -60,49 +88,116 @@ def _job_error(err: object, code: int) -> None:
     _job_errors.append(code)
 
 
+def _dry_run_job(name: str, est, refused: Optional[str], room: Optional[int], source: str) -> None:
+    from posbench.estimate import describe
+
+    print(f"  {name}: {describe(est)}" + (f"\n    refused: {refused}" if refused else ""))
+    _dry_run["memory"] = room, source
+    _dry_run["jobs"] += 1
+    _dry_run["tokens"] += est.tokens
+    _dry_run["flops"] += est.train_flops + est.eval_flops
+    _dry_run["refused"] += bool(refused)
+
+
+def _finished_run(cfg: DictConfig, run_dir: Path) -> None:
+    """A finished run asked for again: nothing to do, or the eval settings it was not scored
+    with, scored from its checkpoint as `posbench eval` does."""
+    from posbench.reeval import change_label, eval_changes, reevaluate
+    from posbench.train import read_results
+
+    changes = eval_changes(read_results(run_dir)["config"], to_container(cfg))
+    if not changes:
+        print(f"posbench: skipped {run_dir}: it holds this run, finished (results.json, "
+              "status ok)")
+        return
+    print(f"posbench: {run_dir} holds this run, finished; scoring its checkpoint with the new "
+          f"eval settings ({change_label(changes)}), as `posbench eval {run_dir}` does")
+    if distributed.is_main():
+        reevaluate(cfg, run_dir)
+
+
 @hydra.main(version_base=None, config_path="pkg://posbench.conf", config_name="config")
 def train_app(cfg: DictConfig) -> None:
-    """One run: skipped when its run dir holds its results, resumed from its checkpoint, else
-    trained from step 0. Failures are reported, never raised, so that a sweep goes on."""
-    from posbench.train import RunFailed, finished, one_line, plan_run, train
+    """One run: skipped when its run dir holds its results (or re-scored, for new eval settings),
+    resumed from its checkpoint, else trained from step 0. Failures are reported, never raised,
+    so that a sweep goes on."""
+    from posbench.estimate import available_memory, describe, estimate, eval_warning, gib, refusal
+    from posbench.loggers import wandb_group
+    from posbench.train import RunFailed, finished, one_line, plan_run, resolve_device, train
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
+    multirun = hc.mode == RunMode.MULTIRUN
+    main_rank = distributed.is_main()
     try:
         check(cfg)
+        est = estimate(cfg, distributed.world_size())
+        room, source = available_memory(resolve_device(cfg.device))
+        refused = refusal(cfg, est, room, source)
+        if _dry_run is not None:
+            return _dry_run_job(run_dir.name if multirun else "run", est, refused, room, source)
         if finished(cfg, run_dir):
-            print(f"posbench: skipped {run_dir}: it already holds results.json (status ok) of "
-                  "this config")
-            return
+            return _finished_run(cfg, run_dir)
+        if refused:
+            raise ConfigError(refused)
+        if main_rank:
+            print(f"posbench: run dir {run_dir}")
+            print(f"posbench: estimate: {describe(est)}; "
+                  + (f"{gib(room)} available ({source})" if room else f"memory unknown: {source}"))
+            warning = eval_warning(est, room)
+            if warning:
+                print(f"posbench: warning: {warning}")
         start = plan_run(cfg, run_dir)
     except ConfigError as err:
-        _remove_if_empty(run_dir)
+        if multirun:
+            _record_refusal(run_dir, err)
+        else:
+            _remove_if_empty(run_dir)
         return _job_error(err, 2)
     except OSError as err:  # e.g. the data could not be read
         return _job_error(f"run {str(run_dir)!r} could not start: {one_line(err)}", 1)
-    # wandb: the runs of a sweep share its group; each run is named like its dir
-    group = Path(hc.sweep.dir).name if hc.mode == RunMode.MULTIRUN else run_dir.name
+    if main_rank:
+        (run_dir / REFUSED).unlink(missing_ok=True)  # an earlier start's refusal no longer holds
+        if start.state:
+            print(f"posbench: resuming from step {start.state['step']} of {cfg.train.steps} "
+                  f"({CHECKPOINT})")
     try:
         _save_hydra_files(run_dir, cfg)
-        train(cfg, run_dir, group=group, name=run_dir.name, start=start)
+    except OSError as err:  # e.g. a full disk
+        start.release()
+        return _job_error(f"run {str(run_dir)!r} could not start: {one_line(err)}", 1)
+    try:
+        # wandb: the runs of a sweep share its group; each run is named like its dir
+        train(cfg, run_dir, group=wandb_group(run_dir.parent if multirun else run_dir),
+              name=run_dir.name, start=start)
     except ConfigError as err:
         _job_error(err, 2)
     except RunFailed as err:
         _job_error(err, 1)
-    except OSError as err:  # .hydra/ could not be written, e.g. a full disk
-        _job_error(f"run {str(run_dir)!r} could not start: {one_line(err)}", 1)
+    else:
+        if main_rank:
+            print(f"posbench: run dir {run_dir} holds its results")
 
 
 @hydra.main(version_base=None, config_path=None, config_name=None)
 def eval_app(cfg: DictConfig) -> None:
+    """One re-score of one run (the run dir is in Hydra's config, EVAL_RUN): refusals are
+    reported, never raised, so that the other runs and values go on."""
+    from posbench.encodings.base import encoding_class
     from posbench.reeval import reevaluate
 
+    hc = HydraConfig.get()
+    run_dir = Path(hc[EVAL_RUN])
     try:
+        if (hc[EVAL_FOLDER] and cfg.eval.rope_scaling != "none"
+                and not encoding_class(cfg.encoding).rotary):
+            print(f"posbench: skipped {run_dir}: eval.rope_scaling={cfg.eval.rope_scaling} "
+                  f"applies to rotary encodings, not to encoding={cfg.encoding.name}")
+            return
         check(cfg)
-        reevaluate(cfg, Path(HydraConfig.get().runtime.output_dir),
-                   list(HydraConfig.get().overrides.task))
+        reevaluate(cfg, run_dir)
     except ConfigError as err:
-        fail(err)
+        _job_error(err, 2)
 
 
 def list_components() -> None:
@@ -145,9 +240,10 @@ def _composition_error(err: Exception) -> ConfigError:
     return ConfigError(f"{lines[0]}: {why}" if why else lines[0])
 
 
-def precheck(argv: list) -> list:
-    """Compose and check the config of every value of every swept key before Hydra creates any
-    run dir, so a bad command costs seconds and writes nothing. Returns the swept keys."""
+def precheck(argv: list, compose: Callable = posbench.compose) -> list:
+    """Compose (and, with posbench.compose, check) the config of every value of every swept key
+    before Hydra creates any run dir, so a bad command costs seconds and writes nothing. Returns
+    the swept keys."""
     from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -172,12 +268,34 @@ def precheck(argv: list) -> list:
                             + [v[0] for v in sweeps[i + 1:]])
     for overrides in variants:
         try:
-            posbench.compose(overrides)
+            compose(overrides)
         except ConfigError:
             raise
         except Exception as err:  # noqa: BLE001 - Hydra/OmegaConf composition errors
             raise _composition_error(err) from None
     return swept
+
+
+def compose_run(run_dir: Path) -> Callable:
+    """A compose function for precheck: run_dir's saved config with overrides, as `posbench
+    eval` composes it (unchecked: some values apply to some runs only)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    def composed(overrides: list) -> DictConfig:
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(run_dir / ".hydra"), version_base=None):
+            return compose(config_name="config", overrides=overrides)
+
+    return composed
+
+
+def hydra_argv(args: list, added: list) -> list:
+    """`args` with the overrides `added` beside its own: Hydra's parser takes overrides as one
+    run of arguments, which flags (-m, --cfg job) may precede or follow."""
+    at = next((i for i, arg in enumerate(args) if "=" in arg and not arg.startswith("-")),
+              len(args))
+    return args[:at] + added + args[at:]
 
 
 def hydra_quoted(text: str) -> str:
@@ -194,11 +312,165 @@ def run_dir_arg(verb: str, rest: list, usage: str) -> Path:
     if not rest or not Path(rest[0]).is_dir() and (rest[0].startswith("-") or "=" in rest[0]):
         raise ConfigError(f"posbench {verb} needs RUN_DIR first; expected `{usage}`")
     run_dir = Path(rest[0]).resolve()
-    if not (run_dir / ".hydra" / "config.yaml").is_file() or not (
-            run_dir / "checkpoint.pt").is_file():
+    if not is_run_dir(run_dir):
         raise ConfigError(f"RUN_DIR={rest[0]!r} is not accepted; expected a finished "
                           "run dir with .hydra/config.yaml and checkpoint.pt")
     return run_dir
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / ".hydra" / "config.yaml").is_file() and (path / CHECKPOINT).is_file()
+
+
+def eval_targets(rest: list) -> Tuple[List[Path], List[str]]:
+    """The run dirs `posbench eval` scores: the run dir given, or every finished run below a
+    folder; and a line for each run below it that did not finish."""
+    usage = "posbench eval RUN_DIR|DIR [overrides]"
+    if rest and Path(rest[0]).is_dir() and not is_run_dir(Path(rest[0])):
+        folder, runs, unfinished = Path(rest[0]).resolve(), [], []
+        for path in sorted(folder.rglob(RESULTS)):
+            try:
+                status = load_results(path).get("status")
+            except (OSError, ValueError):
+                status = "unreadable"
+            if status == "ok" and is_run_dir(path.parent):
+                runs.append(path.parent)
+            else:
+                unfinished.append(f"posbench: skipped {path.parent}: not a finished run "
+                                  f"(status {status})")
+        if not runs:
+            raise ConfigError(f"RUN_DIR={rest[0]!r} is not accepted: it holds no finished run; "
+                              f"expected a run dir, or a folder of runs (`{usage}`)")
+    else:
+        runs, unfinished = [run_dir_arg("eval", rest, usage)], []
+    for run_dir in runs:
+        if "${" in str(run_dir):  # Hydra resolves its config path and run dir
+            raise ConfigError(f"RUN_DIR={str(run_dir)!r} is not accepted by posbench eval; "
+                              "expected a path without '${' (Hydra reads it as an "
+                              "interpolation)")
+    return runs, unfinished
+
+
+def eval_overrides(args: list) -> list:
+    """eval's arguments, refused unless they set eval.*, device or logger keys; `logger=NAME`
+    becomes the keys of its option (a run's saved config has no config groups to choose from)."""
+    options = Path(posbench.__file__).parent / "conf" / "logger"
+    out = []
+    for arg in args:
+        key, eq, value = arg.partition("=")
+        key = key.lstrip("+~")
+        if (arg.startswith("-") or not eq or key.startswith(("eval.", "logger.", "hydra"))
+                or key == "device"):
+            out.append(arg)
+        elif key == "logger":
+            names = sorted(path.stem for path in options.glob("*.yaml"))
+            if value not in names:
+                raise ConfigError(f"logger={value!r} is not accepted; expected one of: "
+                                  + ", ".join(names))
+            out += [f"logger.{k}={v}" for k, v in
+                    yaml.safe_load((options / f"{value}.yaml").read_text()).items()]
+        else:
+            raise ConfigError(f"{arg} is not accepted by posbench eval; expected eval.*, device= "
+                              "or logger keys (the model is the trained one: `posbench train` "
+                              "trains another)")
+    return out
+
+
+def evaluate_runs(rest: list) -> None:
+    """`posbench eval DIR [overrides]`: eval_app once per run, each a Hydra app over its own
+    saved config, so that -m sweeps eval keys. Hydra's output dirs go to a scratch folder: a
+    re-score writes only its results files into the run dir."""
+    overrides = eval_overrides(rest[1:])
+    runs, unfinished = eval_targets(rest)
+    precheck(overrides, compose_run(runs[0]))
+    folder = len(runs) > 1 or runs[0] != Path(rest[0]).resolve()
+    _job_errors.clear()
+    with tempfile.TemporaryDirectory(prefix="posbench-eval-") as scratch:
+        for run_dir in runs:
+            sys.argv = ["posbench eval", f"--config-path={run_dir / '.hydra'}",
+                        "--config-name=config", *hydra_argv(overrides, [
+                            f"hydra.run.dir={hydra_quoted(scratch)}",
+                            f"hydra.sweep.dir={hydra_quoted(scratch)}",
+                            "hydra.output_subdir=null", "hydra/job_logging=stdout",
+                            "hydra.job.name=eval", f"+hydra.{EVAL_RUN}={hydra_quoted(str(run_dir))}",
+                            f"+hydra.{EVAL_FOLDER}={str(folder).lower()}"])]
+            eval_app()
+    for line in unfinished:
+        print(line)
+    if folder:
+        print(f"posbench: compare them with `posbench report {rest[0]}`")
+    if _job_errors:
+        sys.exit(max(_job_errors))
+
+
+def dry_run(rest: list, named: list) -> None:
+    """`posbench train [-m] ... --dry-run`: Hydra composes every job as it would run it, and each
+    prints its estimate; Hydra's dirs go to a scratch folder, and an in-process launcher replaces
+    any other (a cluster launcher would submit the jobs)."""
+    from posbench.estimate import count, gib
+
+    global _dry_run
+    kept = [arg for arg in rest if not arg.startswith(("hydra/launcher=", "hydra.launcher."))]
+    print("posbench train --dry-run: each job and its estimate (docs/design.md, Estimates); "
+          "nothing is run or written")
+    _dry_run = {"jobs": 0, "tokens": 0, "flops": 0.0, "refused": 0, "memory": (None, "")}
+    try:
+        with tempfile.TemporaryDirectory(prefix="posbench-dry-run-") as scratch:
+            sys.argv = ["posbench", *hydra_argv(kept, [
+                f"hydra.run.dir={hydra_quoted(scratch)}", f"hydra.sweep.dir={hydra_quoted(scratch)}",
+                "hydra/launcher=basic", *named])]
+            train_app()
+        totals = _dry_run
+    finally:
+        _dry_run = None
+    room, source = totals["memory"]
+    print(f"{totals['jobs']} jobs: {count(totals['tokens'])} training tokens, "
+          f"{totals['flops']:.2g} FLOPs".replace("e+", "e")
+          + (f"; {totals['refused']} would be refused" if totals["refused"] else "")
+          + (f"; memory available: {gib(room)} ({source})" if room else ""))
+
+
+@contextmanager
+def honour_ctrl_c(grace: float = 10.0):
+    """Ctrl-C reaches Python only between bytecodes, so one long torch operation (a step at a
+    huge length) can hold it off for minutes. The C-level handler also writes the signal to a
+    wakeup fd, which a thread watches: when the process still runs `grace` seconds after a
+    Ctrl-C, or at a second one, it says so in one line and exits with status 130. Checkpoints and
+    results are written atomically, so the files on disk stay whole."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+
+    def watch() -> None:
+        deadline = None
+        while True:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([read], [], [], wait)[0]:
+                break  # the grace period passed
+            received = os.read(read, 64)
+            if 0 in received:  # the block below ended
+                return
+            if signal.SIGINT in received:
+                if deadline is not None:
+                    break
+                deadline = time.monotonic() + grace
+        print("posbench: interrupted: a long operation held off Ctrl-C, stopping now (files on "
+              "disk are whole: each is written atomically)", file=sys.stderr, flush=True)
+        os._exit(130)
+
+    watcher = threading.Thread(target=watch, name="posbench-ctrl-c", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.write(write, b"\0")
+        watcher.join()
+        os.close(read)
+        os.close(write)
 
 
 def lengths_option(args: list):
@@ -228,49 +500,50 @@ def main() -> None:
             os.environ["COMP_LINE"] = " ".join(words[:1] + words[2:])
         verb, rest = "train", argv
     try:
-        if verb == "train":
-            swept = precheck(rest)
-            # the keys it sweeps, which name the job dirs (posbench/resolvers.py)
-            named = [f"+hydra.{SWEPT}=[{','.join(map(hydra_quoted, swept))}]"] if swept else []
-            sys.argv = ["posbench", *rest, *named]
-            _job_errors.clear()
-            train_app()
-            if _job_errors:
-                sys.exit(max(_job_errors))
-        elif verb == "eval":
-            if "--help" in rest or "-h" in rest:  # posbench's eval help needs no RUN_DIR
-                sys.argv = ["posbench eval", "--config-path=pkg://posbench.conf",
-                            "--config-name=config", "--help", "hydra/help=eval"]
-                eval_app()
-                return
-            run_dir = run_dir_arg(verb, rest, "posbench eval RUN_DIR [overrides]")
-            if "${" in str(run_dir):  # Hydra resolves its output dir, which is this one
-                raise ConfigError(f"RUN_DIR={rest[0]!r} is not accepted by posbench eval; "
-                                  "expected a path without '${' (Hydra reads it as an "
-                                  "interpolation)")
-            sys.argv = ["posbench eval", f"--config-path={run_dir / '.hydra'}",
-                        "--config-name=config", f"hydra.run.dir={hydra_quoted(str(run_dir))}",
-                        "hydra.output_subdir=null", "hydra/job_logging=stdout",
-                        "hydra.job.name=eval", *rest[1:]]
-            eval_app()
-        elif verb == "inspect":
-            run_dir = run_dir_arg(verb, rest, "posbench inspect RUN_DIR [--lengths L1,L2]")
-            from posbench.inspect import inspect_run
-
-            inspect_run(run_dir, lengths_option(rest[1:]))
-        elif verb == "report":
-            if len(rest) != 1:
-                raise ConfigError("posbench report needs one folder; expected `posbench report DIR`")
-            from posbench.report import write_report
-
-            write_report(Path(rest[0]))
-        elif verb == "list":
-            list_components()
-        else:
-            raise ConfigError(f"verb {verb!r} is not accepted; expected one of train, eval, "
-                              "inspect, report, list")
+        with honour_ctrl_c():
+            run_verb(verb, rest)
     except ConfigError as err:
         fail(err)
     except KeyboardInterrupt as err:  # Ctrl-C: one line (a started run says what it kept)
         print(f"posbench: interrupted{': ' + str(err) if str(err) else ''}", file=sys.stderr)
         sys.exit(130)
+
+
+def run_verb(verb: str, rest: list) -> None:
+    if verb == "train":
+        dry = "--dry-run" in rest
+        rest = [arg for arg in rest if arg != "--dry-run"]
+        swept = precheck(rest)
+        # the keys it sweeps, which name the job dirs (posbench/resolvers.py)
+        named = [f"+hydra.{SWEPT}=[{','.join(map(hydra_quoted, swept))}]"] if swept else []
+        _job_errors.clear()
+        if dry:
+            dry_run(rest, named)
+            return
+        sys.argv = ["posbench", *hydra_argv(rest, named)]
+        train_app()
+        if _job_errors:
+            sys.exit(max(_job_errors))
+    elif verb == "eval":
+        if "--help" in rest or "-h" in rest:  # posbench's eval help needs no RUN_DIR
+            sys.argv = ["posbench eval", "--config-path=pkg://posbench.conf",
+                        "--config-name=config", "--help", "hydra/help=eval"]
+            eval_app()
+            return
+        evaluate_runs(rest)
+    elif verb == "inspect":
+        run_dir = run_dir_arg(verb, rest, "posbench inspect RUN_DIR [--lengths L1,L2]")
+        from posbench.inspect import inspect_run
+
+        inspect_run(run_dir, lengths_option(rest[1:]))
+    elif verb == "report":
+        if len(rest) != 1:
+            raise ConfigError("posbench report needs one folder; expected `posbench report DIR`")
+        from posbench.report import write_report
+
+        write_report(Path(rest[0]))
+    elif verb == "list":
+        list_components()
+    else:
+        raise ConfigError(f"verb {verb!r} is not accepted; expected one of train, eval, "
+                          "inspect, report, list")

@@ -6,6 +6,8 @@ import secrets
 from pathlib import Path
 from typing import List
 
+import yaml
+
 from posbench.io import write_text
 
 WANDB_ID = "wandb_run_id"  # in the run dir
@@ -21,11 +23,25 @@ def wandb_mode(logger_cfg) -> str:
     return logger_cfg.mode
 
 
+def wandb_group(folder: Path) -> str:
+    """The wandb group of the runs in `folder` (a sweep dir, or a single run's own dir): its last
+    two path parts, `<date>/<time>` in posbench's layout, so that groups of different days differ."""
+    folder = Path(folder).resolve()
+    return f"{folder.parent.name}/{folder.name}"
+
+
+def run_group(run_dir: Path) -> str:
+    """The wandb group `posbench train` gave the run in run_dir: its sweep's, or its own."""
+    run_dir = Path(run_dir)
+    hydra = yaml.safe_load((run_dir / ".hydra" / "hydra.yaml").read_text())["hydra"]
+    return wandb_group(run_dir.parent if hydra["mode"] == "MULTIRUN" else run_dir)
+
+
 class NoLogger:
-    def log(self, metrics: dict) -> None:
+    def log(self, metrics: dict, step: int) -> None:
         pass
 
-    def log_curve(self, curve: List[dict]) -> None:
+    def log_curve(self, curve: List[dict], step: int) -> None:
         pass
 
     def finish(self, summary: dict) -> None:
@@ -33,11 +49,14 @@ class NoLogger:
 
 
 class WandbLogger:
-    """One wandb run per job. Train metrics use `train/step` and eval metrics `eval/length` as
-    their x-axis, so the curves of every run of a sweep overlay in one chart."""
+    """One wandb run per job, and one per re-score (job_type eval). Train metrics use
+    `train/step` and eval metrics `eval/length` as their x-axis, so the curves of every run of a
+    sweep overlay in one chart. Every row is logged at an explicit step (a training row at its
+    training step, the eval rows after the last one), so that a run resumed offline continues
+    its step count and its two offline-run folders sync as one run."""
 
     def __init__(self, logger_cfg, run_dir: Path, name: str, group: str, config: dict,
-                 resuming: bool):
+                 resuming: bool, job_type: str):
         try:
             import wandb
         except ImportError:
@@ -47,39 +66,44 @@ class WandbLogger:
                               "installed; expected `pip install 'posbench[wandb]'` or logger=none")
         mode = wandb_mode(logger_cfg)
         self.wandb = wandb
-        # a resumed run continues its wandb run: the id is kept in the run dir
+        # a resumed training run continues its wandb run: the id is kept in the run dir; a
+        # re-score is a wandb run of its own
         id_file = run_dir / WANDB_ID
         run_id = (id_file.read_text().strip() if resuming and id_file.exists()
                   else secrets.token_hex(4))
-        write_text(id_file, run_id)
+        if job_type == "train":
+            write_text(id_file, run_id)
         self.run = wandb.init(project=logger_cfg.project, entity=logger_cfg.entity, name=name,
                               group=group, dir=str(run_dir), config=config, mode=mode,
-                              id=run_id, resume="allow", reinit="create_new")
+                              id=run_id, resume="allow", reinit="create_new", job_type=job_type)
         self.run.define_metric("train/step")
         self.run.define_metric("train/*", step_metric="train/step")
         self.run.define_metric("eval/length")
         self.run.define_metric("eval/*", step_metric="eval/length")
 
-    def log(self, metrics: dict) -> None:
-        self.run.log(metrics)
+    def log(self, metrics: dict, step: int) -> None:
+        self.run.log(metrics, step=step)
 
-    def log_curve(self, curve: List[dict]) -> None:
-        for point in curve:
-            if "loss" in point:
-                self.run.log({"eval/length": point["length"], "eval/loss": point["loss"],
-                              "eval/ppl": point["ppl"]})
+    def log_curve(self, curve: List[dict], step: int) -> None:
+        """One row per evaluated length from `step` on, then the curve as a table."""
+        points = [point for point in curve if "loss" in point]
+        for i, point in enumerate(points):
+            self.run.log({"eval/length": point["length"], "eval/loss": point["loss"],
+                          "eval/ppl": point["ppl"]}, step=step + i)
         columns = ["length", "loss", "ppl"]
         self.run.log({"eval/curve": self.wandb.Table(
-            columns=columns, data=[[p.get(c) for c in columns] for p in curve])})
+            columns=columns, data=[[p.get(c) for c in columns] for p in curve])},
+            step=step + len(points))
 
     def finish(self, summary: dict) -> None:
         self.run.summary.update(summary)
         self.run.finish()
 
 
-def make_logger(cfg, run_dir: Path, name: str, group: str, config: dict, resuming: bool):
+def make_logger(cfg, run_dir: Path, name: str, group: str, config: dict, resuming: bool,
+                job_type: str = "train"):
     if cfg.logger.name == "wandb":
-        return WandbLogger(cfg.logger, run_dir, name, group, config, resuming)
+        return WandbLogger(cfg.logger, run_dir, name, group, config, resuming, job_type)
     return NoLogger()
 
 
@@ -91,8 +115,8 @@ def log_sweep_report(logger_cfg, sweep_dir: Path, parity: dict) -> None:
 
     mode = wandb_mode(logger_cfg)
     run = wandb.init(project=logger_cfg.project, entity=logger_cfg.entity, name="report",
-                     group=sweep_dir.name, dir=str(sweep_dir), mode=mode, reinit="create_new",
-                     job_type="report")
+                     group=wandb_group(sweep_dir), dir=str(sweep_dir), mode=mode,
+                     reinit="create_new", job_type="report")
     grid = sweep_dir / "retrieval_grid.png"
     columns = ["label", "train_length", "train_length_ppl", "gap", "gap_ci95", "under_trained",
                "extrapolation_ratio"]

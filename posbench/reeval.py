@@ -1,36 +1,93 @@
 """`posbench eval RUN_DIR [overrides]`: score a trained checkpoint again (new lengths, RoPE scaling,
-...) without retraining. The new results sit beside the old ones; nothing is overwritten."""
+another protocol) without retraining. A re-score is named by what it changed from the run's own
+evaluation: `eval.rope_scaling=yarn` writes results.eval-rope_scaling-yarn.json, its curve and
+plots (overlaid on the original curve) beside the run's results, which are never overwritten.
+The same re-score asked again is skipped, as a finished run is."""
 from __future__ import annotations
 
-import re
+import dataclasses
 from pathlib import Path
-from typing import List
+from typing import Any, Dict, Optional
 
 from omegaconf import DictConfig
 
 from posbench.checkpoint import CHECKPOINT
-from posbench.config import ConfigError
+from posbench.config import ConfigError, EvalConfig, flatten, to_container
 from posbench.evaluate import evaluate
-from posbench.results import print_curve, results_record, write_results
+from posbench.loggers import make_logger, run_group
+from posbench.resolvers import summary
+from posbench.results import load_results, print_curve, results_record, write_results
 from posbench.train import finished_results, prepare_run, trained_model
 
 
-def results_name(run_dir: Path, overrides: List[str]) -> str:
-    """results.eval-<overrides>.json, numbered when that name is taken."""
-    tag = re.sub(r"[^A-Za-z0-9_.=-]+", "_", ",".join(o.removeprefix("eval.") for o in overrides
-                                                    if not o.startswith("hydra")))
-    stem = f"results.eval-{tag or 'again'}"[:120]
-    name, n = f"{stem}.json", 2
-    while (run_dir / name).exists():
-        name, n = f"{stem}-{n}.json", n + 1
-    return name
+def override_text(value: Any) -> str:
+    """A config value as an override writes it: [128,1024], null, true, yarn."""
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(map(override_text, value)) + "]"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
 
 
-def reevaluate(cfg: DictConfig, run_dir: Path, overrides: List[str]) -> dict:
-    if any(not o.startswith(("eval.", "device=", "hydra")) for o in overrides):
-        raise ConfigError(f"overrides {overrides} are not accepted by posbench eval; expected "
-                          "eval.* keys and device= only (the model is the trained one)")
+def _scored_with(config: dict) -> dict:
+    """The keys a re-score may change, flat: eval.* (a key added to EvalConfig after the run was
+    trained counts at its default, which is how the run was scored) and device."""
+    defaults = dataclasses.asdict(EvalConfig())
+    return flatten({"eval": {**defaults, **config.get("eval", {})}, "device": config.get("device")})
+
+
+def eval_changes(trained: dict, cfg: dict) -> Dict[str, Any]:
+    """key -> value of every eval.* key and device in `cfg` that differs from the `trained`
+    config, in config order."""
+    old, new = _scored_with(trained), _scored_with(cfg)
+    return {key: value for key, value in new.items() if old.get(key) != value}
+
+
+def change_tag(changes: Dict[str, Any]) -> str:
+    """The short safe name of a re-score: rope_scaling-yarn_lengths-128-4096-1a2b3c."""
+    return summary((key.removeprefix("eval."), override_text(value))
+                   for key, value in changes.items())
+
+
+def change_label(changes: Dict[str, Any]) -> str:
+    """What a re-score changed, for people: rope_scaling=yarn, lengths=[128,4096]."""
+    return ", ".join(f"{key.removeprefix('eval.')}={override_text(value)}"
+                     for key, value in changes.items())
+
+
+def rescore_name(tag: str) -> str:
+    return f"results.eval-{tag}.json"
+
+
+def reevaluate(cfg: DictConfig, run_dir: Path) -> Optional[dict]:
+    """Scores run_dir's checkpoint with cfg's eval keys into results.eval-<tag>.json; returns its
+    record, or None when there was nothing to do (nothing changed, or that re-score exists)."""
+    run_dir = Path(run_dir)
     trained = finished_results(run_dir)
+    config = to_container(cfg)
+    changes = eval_changes(trained["config"], config)
+    if not changes:
+        print(f"posbench: skipped {run_dir}: no eval key differs from the run's own, whose "
+              "results.json holds this evaluation")
+        return None
+    tag, label = change_tag(changes), change_label(changes)
+    name = rescore_name(tag)
+    if (run_dir / name).exists():
+        try:
+            done = load_results(run_dir / name)
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"{run_dir / name} is unreadable ({err}); expected a re-score "
+                              "written by posbench: delete it to score again") from None
+        if not eval_changes(done["config"], config):
+            print(f"posbench: skipped {run_dir}: {name} already holds this re-score ({label})")
+            return None
+        key, value = next(iter(eval_changes(done["config"], config).items()))
+        raise ConfigError(f"{key}={override_text(value)} is not accepted: {run_dir / name} holds "
+                          f"a re-score with {key}={override_text(_scored_with(done['config'])[key])}"
+                          "; expected those eval values, or delete that file to score again "
+                          "(nothing was overwritten)")
     device, data = prepare_run(cfg)
     loaded = trained_model(run_dir, device)
     loaded.require_corpus(data)
@@ -38,8 +95,12 @@ def reevaluate(cfg: DictConfig, run_dir: Path, overrides: List[str]) -> dict:
     curve = evaluate(model, data, cfg.eval, device, cfg.train.seq_len)
     record = results_record(cfg, model, data, curve, train=trained["train"])
     record["evaluated_from"] = str(run_dir / CHECKPOINT)
-    name = results_name(run_dir, overrides)
-    write_results(run_dir, record, name=name)
+    record["rescore"] = {"tag": tag, "label": label, "changes": changes}
+    write_results(run_dir, record, name=name, original=trained)
+    logger = make_logger(cfg, run_dir, f"{run_dir.name}.eval-{tag}", run_group(run_dir), config,
+                         resuming=False, job_type="eval")
+    logger.log_curve(curve, step=0)
+    logger.finish({"train_len_ppl": record["eval"]["train_len_ppl"], "rescore": label})
     print_curve(record)
     print(f"wrote {run_dir / name}")
     return record

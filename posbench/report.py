@@ -7,19 +7,23 @@ Task datasets add exact-match accuracy. Runs that failed, or left no results.jso
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import math
+import textwrap
 from collections import defaultdict
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+import numpy as np
 from hydra.experimental.callback import Callback
 
 from posbench.config import ConfigError, flatten
 from posbench.io import atomic_path, write_text
 from posbench import retrieval
 from posbench.parity import UNDER_TRAINED, Gap, parity_gaps
-from posbench.results import RESULTS, load_results
+from posbench.reeval import change_label, eval_changes, override_text
+from posbench.results import REFUSED, RESULTS, load_results, rescore_label
 
 # keys that differ between runs without being an experimental factor
 IGNORED_KEYS = ("seed", "dataset.cache_dir", "logger.")
@@ -29,6 +33,8 @@ T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.
        2.056, 2.052, 2.048, 2.045, 2.042)
 METRICS = {"ppl": ("perplexity", True), "accuracy": ("exact-match accuracy", False)}
 BAND = "95% interval of the mean over seeds (Student t)"
+RESCORE_PREFIX = "results.eval-"  # the re-scores of posbench eval (posbench/reeval.py)
+VALUE_CHARS = 16  # a longer value is cut in a group label
 
 
 def t95(df: int) -> float:
@@ -45,49 +51,124 @@ def pyplot():
     return plt
 
 
+LEGEND_ENTRIES = 20  # more curves than this: the legend names the first and counts the rest
+LEGEND_CHARS = 48  # a longer legend label is cut (summary.md has it whole)
+
+
 def _figure():
     plt = pyplot()
     return plt, *plt.subplots(figsize=(7, 4.5))
 
 
 def save_figure(plt, fig, path: Path) -> None:
-    fig.tight_layout()
+    # tight: the saved image grows to hold a legend outside the axes and a long title
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120, format="png")
+        fig.savefig(tmp, dpi=120, format="png", bbox_inches="tight")
     plt.close(fig)
+
+
+def plain_number(value: float) -> str:
+    """A tick label without powers: 3.5, 128, 2048."""
+    return str(int(round(value))) if abs(value - round(value)) < 1e-9 else f"{value:.3g}"
+
+
+def log_ticks(lo: float, hi: float) -> List[float]:
+    """Three to eight round values between lo and hi for a log axis: 1-2-5 and finer steps of
+    each decade, or, when the range holds fewer, evenly spaced values of two significant digits."""
+    decades = range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+    for mantissas in ((1,), (1, 3), (1, 2, 5), (1, 1.5, 2, 3, 5, 7), tuple(range(1, 10))):
+        ticks = [m * 10.0 ** k for k in decades for m in mantissas if lo <= m * 10.0 ** k <= hi]
+        if 3 <= len(ticks) <= 8:
+            return ticks
+        if len(ticks) > 8:
+            break
+    step = float(f"{(hi - lo) / 4:.1g}")
+    return [round(v, 10) for v in np.arange(math.ceil(lo / step) * step, hi, step)]
+
+
+def _plain_axes(ax, lengths: List[int], log_y: bool) -> None:
+    """Ticks at the evaluated lengths (at most 12) and, on a log y axis, at round values; all
+    labelled as plain numbers."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    lengths = sorted(set(lengths))
+    every = math.ceil(len(lengths) / 12)
+    ax.xaxis.set_major_locator(FixedLocator(lengths[::every]))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: plain_number(v)))
+    if log_y:
+        ax.yaxis.set_major_locator(FixedLocator(log_ticks(*ax.get_ylim())))
+        ax.yaxis.set_minor_locator(NullLocator())
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: plain_number(v)))
+
+
+def _legend(ax) -> None:
+    """Outside the axes, so that curves keep the whole plot; a long list is cut with a count."""
+    from matplotlib.lines import Line2D
+
+    handles, labels = ax.get_legend_handles_labels()
+    labels = [text if len(text) <= LEGEND_CHARS else text[:LEGEND_CHARS - 1] + "…"
+              for text in labels]
+    if len(handles) > LEGEND_ENTRIES:
+        more = len(handles) - LEGEND_ENTRIES + 1
+        handles = handles[:LEGEND_ENTRIES - 1] + [Line2D([], [], linestyle="none")]
+        labels = labels[:LEGEND_ENTRIES - 1] + [f"and {more} more (summary.md)"]
+    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8,
+              frameon=False)
 
 
 def plot_curves(series: Dict[str, List[Tuple[int, float, Optional[float]]]], train_len: int,
                 path: Path, title: str = "", band_label: str = "", metric: str = "ppl",
-                gaps: Optional[Dict[str, Gap]] = None) -> None:
+                gaps: Optional[Dict[str, Gap]] = None,
+                base_of: Optional[Dict[str, str]] = None) -> None:
     """A metric (METRICS) against length, one line per label, optional +-band, the training
     length marked. With `gaps`, each label shows its parity gap and an under-trained curve is
-    dashed. Written atomically."""
+    dashed. `base_of` maps a re-score's label to its original's: drawn dotted in the original's
+    colour, so that each overlays the curve it re-scored. Written atomically."""
     ylabel, log_y = METRICS[metric]
     plt, fig, ax = _figure()
-    gaps = gaps or {}
+    gaps, base_of = gaps or {}, base_of or {}
+    colours = plt.get_cmap("tab10" if len(series) - len(base_of) <= 10 else "tab20").colors
+    colour_of: Dict[str, tuple] = {}
+    markers = "osD^vP*X"
+    lengths = []
+    # first: a legend cut short still names it
+    ax.axvline(train_len, color="gray", linestyle="--", label=f"train length {train_len}")
     for label, points in series.items():
         if not points:
             continue
         xs, ys, bands = zip(*sorted(points))
-        gap = gaps.get(label)
-        text = label if gap is None else f"{label} ({gap.cell()} at L)"
-        line, = ax.plot(xs, ys, marker="o", label=text,
-                        linestyle="--" if gap is not None and gap.under_trained else "-")
+        lengths += xs
+        base = base_of.get(label)
+        if base is None:
+            colour = colour_of.setdefault(label, colours[len(colour_of) % len(colours)])
+            gap = gaps.get(label)
+            text = label if gap is None else f"{label} ({gap.cell()} at L)"
+            style = dict(linestyle="--" if gap is not None and gap.under_trained else "-",
+                         marker="o")
+        else:
+            colour = colour_of.get(base) or colour_of.setdefault(
+                base, colours[len(colour_of) % len(colours)])
+            text = label
+            siblings = [other for other, its in base_of.items() if its == base]
+            style = dict(linestyle=":", marker=markers[1 + siblings.index(label) % 7])
+        ax.plot(xs, ys, label=text, color=colour, **style)
         if all(b is not None for b in bands):
             ax.fill_between(xs, [y - b for y, b in zip(ys, bands)],
-                            [y + b for y, b in zip(ys, bands)], color=line.get_color(), alpha=0.2)
-    ax.axvline(train_len, color="gray", linestyle="--", label=f"train length {train_len}")
+                            [y + b for y, b in zip(ys, bands)], color=colour, alpha=0.2)
     ax.set_xscale("log", base=2)
     if log_y:
         ax.set_yscale("log")
     else:
         ax.set_ylim(-0.02, 1.02)
+    _plain_axes(ax, lengths + [train_len], log_y)
     ax.set_xlabel("evaluation length (tokens)")
     ax.set_ylabel(ylabel)
-    ax.set_title(title + (f"\nshaded: {band_label}" if band_label else ""))
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.set_title("\n".join(textwrap.fill(line, 70) for line in
+                           (title + (f"\nshaded: {band_label}" if band_label else "")).split("\n")),
+                 fontsize=10)
+    ax.grid(True, which="major", alpha=0.3)
+    _legend(ax)
     save_figure(plt, fig, path)
 
 
@@ -110,21 +191,33 @@ def plot_per_position(curve: List[dict], train_len: int, path: Path, title: str 
 
 
 def find_runs(root: Path) -> Tuple[List[dict], List[dict]]:
-    """Every results.json below `root`, and the run dirs that have none (a job killed before
-    it could write one) or an unreadable one, as failed records."""
+    """Every finished record below `root` (results.json and the re-scores results.eval-*.json,
+    each marked with its `_dir` and `_file`), and what did not finish: records with another
+    status or unreadable, run dirs without results.json (a job killed before it could write
+    one), and sweep jobs refused at their start (their refused.json)."""
     runs, failed = [], []
-    for path in sorted(Path(root).rglob(RESULTS)):
+    for path in sorted(Path(root).rglob("results*.json")):
+        if path.name != RESULTS and not path.name.startswith(RESCORE_PREFIX):
+            continue
         try:
             record = load_results(path)
         except (OSError, ValueError) as err:
-            record = {"status": "unreadable", "error": f"{RESULTS} unreadable: {err}"}
-        record["_dir"] = str(path.parent)
+            record = {"status": "unreadable", "error": f"{path.name} unreadable: {err}"}
+        record["_dir"], record["_file"] = str(path.parent), path.name
         (runs if record.get("status") == "ok" else failed).append(record)
     for config in sorted(Path(root).rglob(".hydra/config.yaml")):
         run_dir = config.parent.parent
         if not (run_dir / RESULTS).exists():
             failed.append({"_dir": str(run_dir), "status": "incomplete",
                            "error": f"no {RESULTS} (killed, or still running)"})
+    for path in sorted(Path(root).rglob(REFUSED)):
+        # a job dir started again since its refusal holds .hydra/ or results
+        if not (path.parent / RESULTS).exists() and not (path.parent / ".hydra").exists():
+            try:
+                error = load_results(path)["error"]
+            except (OSError, ValueError, KeyError) as err:
+                error = f"{REFUSED} unreadable: {err}"
+            failed.append({"_dir": str(path.parent), "status": "refused", "error": error})
     return runs, failed
 
 
@@ -137,32 +230,96 @@ def _differs(key: str, runs: List[dict], flats: List[Dict[str, str]]) -> bool:
     return any(len(values) > 1 for values in groups.values())
 
 
+def short_keys(keys: List[str]) -> Dict[str, str]:
+    """key -> its last component (train.seq_len -> seq_len), or the whole key where two keys
+    share the last component."""
+    last = defaultdict(list)
+    for key in keys:
+        last[key.rsplit(".", 1)[-1]].append(key)
+    return {key: name if len(same) == 1 else key for name, same in last.items() for key in same}
+
+
+def short_text(value) -> str:
+    """A value as a label shows it: a path's last part, a long value cut."""
+    text = override_text(value)
+    if "/" in text.strip("/"):
+        text = text.rstrip("/").rsplit("/", 1)[-1]
+    return text if len(text) <= VALUE_CHARS else text[:VALUE_CHARS - 1] + "…"
+
+
 def group_label(runs: List[dict]) -> Dict[int, str]:
-    """Label of each run: its encoding plus every swept key (not the seed) that differs."""
+    """Label of each run: its encoding plus every swept key (not the seed) that differs, in
+    short: `alibi [seq_len=64, lr=0.001]`. Runs with the same label are one group; groups whose
+    short labels would coincide get a hash of their full values."""
+    flats = [flatten(r.get("config", {})) for r in runs]
     # repr: values become comparable strings, lists included
-    flats = [{k: repr(v) for k, v in flatten(r.get("config", {})).items()} for r in runs]
-    keys = sorted({k for f in flats for k in f})
+    texts = [{k: repr(v) for k, v in flat.items()} for flat in flats]
+    keys = sorted({k for f in texts for k in f})
     swept = [k for k in keys if k != "encoding.name" and not k.startswith(IGNORED_KEYS)
-             and _differs(k, runs, flats)]
-    labels = {}
+             and _differs(k, runs, texts)]
+    names = short_keys(swept)
+    full, short = {}, {}
     for i, (run, flat) in enumerate(zip(runs, flats)):
-        extra = ",".join(f"{k}={flat.get(k, '-')}" for k in swept
-                         if k in flat or not k.startswith("encoding."))
-        labels[i] = run["encoding"] + (f" [{extra}]" if extra else "")
-    return labels
+        shown = [k for k in swept if k in flat or not k.startswith("encoding.")]
+        full[i] = (run["encoding"], tuple(texts[i].get(k, "-") for k in shown))
+        extra = ", ".join(f"{names[k]}={short_text(flat[k]) if k in flat else '-'}"
+                          for k in shown)
+        short[i] = run["encoding"] + (f" [{extra}]" if extra else "")
+    groups_of = defaultdict(set)
+    for i in short:
+        groups_of[short[i]].add(full[i])
+    return {i: short[i] if len(groups_of[short[i]]) == 1
+            else f"{short[i]} #{hashlib.sha256(repr(full[i]).encode()).hexdigest()[:4]}"
+            for i in short}
 
 
-def aggregate(runs: List[dict], labels: Dict[int, str],
-              metric: str = "ppl") -> Dict[str, Dict[int, dict]]:
-    """label -> length -> {mean, sd, sem, ci95, n} of a curve metric over seeds; `labels` from
-    group_label."""
-    values: Dict[str, Dict[int, List[float]]] = defaultdict(lambda: defaultdict(list))
-    for i, run in enumerate(runs):
-        for point in run["eval"]["curve"]:
-            if metric in point:
-                values[labels[i]][point["length"]].append(point[metric])
+def rescore_change(record: dict, original: Optional[dict]) -> str:
+    """What a re-score changed from its run's own evaluation, as its file says (or, for files
+    written before that was recorded, from the two configs)."""
+    label = rescore_label(record)
+    if label or original is None:
+        return label or record["_file"]
+    return change_label(eval_changes(original["config"], record["config"]))
+
+
+def groups_of(runs: List[dict]) -> Tuple[Dict[str, List[dict]], Dict[str, str], List[str]]:
+    """label -> its runs; re-score label -> its original's label; and a line per run left out
+    because it repeats another of its group (the same config and seed: not a second seed)."""
+    originals = [r for r in runs if r["_file"] == RESULTS]
+    labels = group_label(originals)
+    label_of = {r["_dir"]: labels[i] for i, r in enumerate(originals)}
+    by_dir = {r["_dir"]: r for r in originals}
+    groups: Dict[str, List[dict]] = defaultdict(list)
+    base_of: Dict[str, str] = {}
+    repeats = []
+    for record in originals + [r for r in runs if r["_file"] != RESULTS]:
+        if record["_file"] == RESULTS:
+            label = label_of[record["_dir"]]
+        else:
+            base = label_of.get(record["_dir"], record["encoding"])
+            label = f"{base} ({rescore_change(record, by_dir.get(record['_dir']))})"
+            base_of[label] = base
+        same = next((r for r in groups[label] if r.get("seed") == record.get("seed")), None)
+        if same is None:
+            groups[label].append(record)
+        else:
+            repeats.append(f"- {record['_dir']}/{record['_file']} repeats "
+                           f"{same['_dir']}/{same['_file']} (same config and seed "
+                           f"{record.get('seed')}): counted once")
+    return dict(groups), base_of, repeats
+
+
+def aggregate(groups: Dict[str, List[dict]], metric: str = "ppl") -> Dict[str, Dict[int, dict]]:
+    """label -> length -> {mean, sd, sem, ci95, n} of a curve metric over the group's seeds."""
     table = {}
-    for label, by_length in sorted(values.items()):
+    for label, members in sorted(groups.items()):
+        by_length: Dict[int, List[float]] = defaultdict(list)
+        for run in members:
+            for point in run["eval"]["curve"]:
+                if metric in point:
+                    by_length[point["length"]].append(point[metric])
+        if not by_length:
+            continue
         table[label] = {}
         for length, xs in sorted(by_length.items()):
             n = len(xs)
@@ -174,69 +331,101 @@ def aggregate(runs: List[dict], labels: Dict[int, str],
     return table
 
 
-def train_lengths(runs: List[dict], labels: Dict[int, str]) -> Dict[str, int]:
-    """label -> its training length (a swept train.seq_len is part of the label)."""
-    return {labels[i]: run["train"]["seq_len"] for i, run in enumerate(runs)}
-
-
 def extrapolation_ratio(by_length: Dict[int, dict], train_len: int) -> Optional[float]:
+    """ppl(longest) / ppl(L)."""
     if train_len not in by_length:
         return None
     return by_length[max(by_length)]["mean"] / by_length[train_len]["mean"]
 
 
+def log_ppl_growth(by_length: Dict[int, dict], train_len: int) -> Optional[float]:
+    """The headline: the mean over evaluated lengths n > L of ln(ppl(n) / ppl(L)), the area
+    between the log-ppl curve and its value at L per evaluated length (0: no worse than at L).
+    Every length past L counts, so no single length's windows decide it."""
+    past = [s["mean"] for n, s in by_length.items() if n > train_len]
+    if train_len not in by_length or not past:
+        return None
+    return sum(math.log(p / by_length[train_len]["mean"]) for p in past) / len(past)
+
+
+def _mean(values: List[Optional[float]]) -> Optional[float]:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
 def _markdown_table(table: Dict[str, Dict[int, dict]], digits: int,
                     ratio_of: Optional[Dict[str, int]] = None,
                     gaps: Optional[Dict[str, Gap]] = None) -> List[str]:
-    """With `ratio_of` (label -> training length), the extrapolation ratio and, from `gaps`, the
-    gap to the best perplexity at the training length."""
+    """With `ratio_of` (label -> training length), the headline log-ppl growth, the
+    extrapolation ratio and, from `gaps`, the gap to the best perplexity at the training
+    length."""
     lengths = sorted({length for by_length in table.values() for length in by_length})
     cell = lambda s: f"{s['mean']:.{digits}f}" + (f" ± {s['ci95']:.{digits}f}" if s["n"] > 1
                                                    else "")
-    head = "| encoding | " + " | ".join(map(str, lengths)) + " |"
-    head += " ppl(longest)/ppl(train) | gap at train length |" if ratio_of else ""
-    lines = [head, "|---|" + "---:|" * (len(lengths) + 2 * bool(ratio_of))]
+    head = "| group | " + " | ".join(map(str, lengths)) + " |"
+    head += (" log-ppl growth past L | ppl(longest)/ppl(L) | gap at train length |"
+             if ratio_of else "")
+    lines = [head, "|---|" + "---:|" * (len(lengths) + 3 * bool(ratio_of))]
     for label, by_length in table.items():
         cells = [cell(by_length[n]) if n in by_length else "—" for n in lengths]
         if ratio_of:
+            growth = log_ppl_growth(by_length, ratio_of[label])
             ratio = extrapolation_ratio(by_length, ratio_of[label])
             gap = (gaps or {}).get(label)
-            cells += [f"{ratio:.2f}" if ratio else "—", gap.cell() if gap else "—"]
+            cells += [f"{growth:+.3f}" if growth is not None else "—",
+                      f"{ratio:.2f}" if ratio else "—", gap.cell() if gap else "—"]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines
 
 
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
+
+
 def write_report(root: Path) -> Dict[str, dict]:
     """summary.md, summary.csv and ppl_vs_length.png (accuracy_vs_length.png for tasks) in
-    `root` from every run below it. Returns each group's parity at the training length."""
+    `root` from every run and re-score below it. Returns each trained group's parity at the
+    training length."""
     root = Path(root)
     if not root.is_dir():
         raise ConfigError(f"report dir {str(root)!r} is not accepted; expected a folder of runs")
     ok, failed = find_runs(root)
-    if not ok:
+    if not any(r["_file"] == RESULTS for r in ok):
         raise ConfigError(f"report dir {str(root)!r} is not accepted: it holds no finished run "
                           f"({RESULTS} with status ok); expected a run or sweep folder")
-    labels = group_label(ok)
-    tables = {m: aggregate(ok, labels, m) for m in METRICS}
+    groups, base_of, repeats = groups_of(ok)
+    tables = {m: aggregate(groups, m) for m in METRICS}
     tables = {m: t for m, t in tables.items() if t}
-    train_of = train_lengths(ok, labels)
+    train_of = {label: members[0]["train"]["seq_len"] for label, members in groups.items()}
+    protocol_of = {label: members[0]["eval"].get("protocol", "?")
+                   for label, members in groups.items()}
     train_lens = sorted(set(train_of.values()))
     seeds = max(s["n"] for by_length in tables["ppl"].values() for s in by_length.values())
-    protocols = sorted({r["eval"].get("protocol", "?") for r in ok})
-
-    gaps = parity_gaps(tables["ppl"], train_of)
+    protocols = sorted(set(protocol_of.values()))
+    # parity compares training, so the re-scores, which change only evaluation, stay out
+    gaps = parity_gaps({k: v for k, v in tables["ppl"].items() if k not in base_of},
+                       {k: v for k, v in train_of.items() if k not in base_of})
+    throughput = {label: (_mean([r["train"].get("tokens_per_second") for r in members]),
+                          _mean([r["train"].get("wall_seconds") for r in members]))
+                  for label, members in groups.items() if label not in base_of}
 
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(["label", "length", "ppl_mean", "ppl_sd", "ppl_ci95", "seeds",
-                     "accuracy_mean", "accuracy_ci95", "train_length", "extrapolation_ratio",
-                     "train_length_gap", "train_length_gap_ci95", "under_trained"])
+                     "accuracy_mean", "accuracy_ci95", "train_length", "protocol",
+                     "log_ppl_growth", "extrapolation_ratio", "train_length_gap",
+                     "train_length_gap_ci95", "under_trained", "rescore_of",
+                     "tokens_per_second", "wall_seconds"])
+    number = lambda x: "" if x is None else f"{x:.6g}"
     for label, by_length in tables["ppl"].items():
-        ratio = extrapolation_ratio(by_length, train_of[label])
         gap = gaps.get(label)
-        per_label = [train_of[label], f"{ratio:.6g}" if ratio else "",
-                     f"{gap.gap:.6g}" if gap else "", f"{gap.band:.6g}" if gap else "",
-                     gap.under_trained if gap else ""]
+        tps, wall = throughput.get(label, (None, None))
+        per_label = [train_of[label], protocol_of[label],
+                     number(log_ppl_growth(by_length, train_of[label])),
+                     number(extrapolation_ratio(by_length, train_of[label])),
+                     number(gap.gap if gap else None), number(gap.band if gap else None),
+                     gap.under_trained if gap else "", base_of.get(label, ""),
+                     number(tps), number(wall)]
         for length, s in by_length.items():
             acc = tables.get("accuracy", {}).get(label, {}).get(length)
             writer.writerow([label, length, f"{s['mean']:.6g}", f"{s['sd']:.6g}",
@@ -245,38 +434,69 @@ def write_report(root: Path) -> Dict[str, dict]:
     write_text(root / "summary.csv", out.getvalue())
 
     band = f"; mean ± {BAND}" if seeds > 1 else ""
-    lines = [f"# posbench report: {len(ok)} runs", "",
+    rescored = len(ok) - sum(r["_file"] == RESULTS for r in ok)
+    lines = [f"# posbench report: {len(ok) - rescored} runs"
+             + (f", {rescored} re-scores" if rescored else ""), "",
              f"Perplexity by evaluation length (training length {', '.join(map(str, train_lens))}"
-             f"; protocol {', '.join(protocols)}){band}.", ""]
+             f"; protocol {', '.join(protocols)}){band}. A group with a change in parentheses is a "
+             "re-score of the group it names (`posbench eval`).", ""]
     lines += _markdown_table(tables["ppl"], 3, ratio_of=train_of, gaps=gaps)
-    lines += ["", "Gap at train length: perplexity at the training length relative to the best "
-              "group trained at that length" + (" (± its 95% interval)" if seeds > 1 else "")
+    lines += ["", "Log-ppl growth past L, the headline: the mean over the evaluated lengths n > L "
+              "of ln(ppl(n)/ppl(L)); 0 is no worse than at the training length L. "
+              + ("Under growing_context every length scores the same tokens, so it measures "
+                 "the use of longer context alone. " if "growing_context" in protocols else "")
+              + ("With nonoverlapping or sliding windows each length scores other text, which "
+                 "moves every curve alike at some lengths; for a headline free of that, re-score "
+                 "this folder with the same tokens at every length: `posbench eval DIR "
+                 "eval.protocol=growing_context`."
+                 if set(protocols) - {"growing_context"} else ""),
+              "", "Gap at train length: perplexity at the training length relative to the best "
+              "trained group at that length" + (" (± its 95% interval)" if seeds > 1 else "")
               + "."]
     lines += [f"- **{label}** is {UNDER_TRAINED}." for label, gap in gaps.items()
               if gap.under_trained]
     if "accuracy" in tables:
         lines += ["", f"Exact-match accuracy by evaluation length{band}.", ""]
         lines += _markdown_table(tables["accuracy"], 3)
-    lines += retrieval.report_lines(ok, labels)
+    grouped = [(label, run) for label, members in groups.items() for run in members]
+    members, member_labels = [run for _, run in grouped], dict(enumerate(l for l, _ in grouped))
+    lines += retrieval.report_lines(members, member_labels)
+    lines += ["", "Training throughput (mean over seeds):", "",
+              "| group | tokens/s | wall time (m:s) |", "|---|---:|---:|"]
+    lines += [f"| {label} | " + (f"{tps:.0f}" if tps else "—") + " | "
+              + (_minutes(wall) if wall else "—") + " |"
+              for label, (tps, wall) in sorted(throughput.items())]
+    if repeats:
+        lines += ["", "Runs left out of the means, as repeats rather than seeds:", ""] + repeats
     if failed:
-        lines += ["", "Failed runs:", ""] + [f"- {r['_dir']}: {r.get('error', r.get('status'))}"
-                                            for r in failed]
+        lines += ["", "Failed, interrupted or refused runs:", ""] + [
+            f"- {r['_dir']} ({r.get('status')}): {r.get('error', r.get('status'))}"
+            for r in failed]
     write_text(root / "summary.md", "\n".join(lines) + "\n")
 
     for metric, table in tables.items():
         series = {label: [(n, s["mean"], s["ci95"] if s["n"] > 1 else None)
                           for n, s in by_length.items()] for label, by_length in table.items()}
-        plot_curves(series, train_lens[0], root / f"{metric}_vs_length.png",
-                    title=f"{METRICS[metric][0]} vs length ({len(ok)} runs)",
+        # each re-score right after the curve it re-scores, in the same colour
+        order = [label for label in series if label not in base_of]
+        order = [x for label in order for x in
+                 [label, *(r for r in series if base_of.get(r) == label)]]
+        order += [label for label in series if label not in order]
+        plot_curves({label: series[label] for label in order}, train_lens[0],
+                    root / f"{metric}_vs_length.png",
+                    title=f"{METRICS[metric][0]} vs length ({len(ok) - rescored} runs"
+                          + (f", {rescored} re-scores" if rescored else "") + ")",
                     band_label=BAND if seeds > 1 else "", metric=metric,
-                    gaps=gaps if metric == "ppl" else None)
-    grid = retrieval.plot_grid(ok, labels, root / "retrieval_grid.png")
+                    gaps=gaps if metric == "ppl" else None, base_of=base_of)
+    plots = [f"{m}_vs_length.png" for m in tables]
+    if retrieval.plot_grid(members, member_labels, root / "retrieval_grid.png"):
+        plots.append("retrieval_grid.png")
     print("\n".join(lines))
-    print(f"\nwrote {root / 'summary.md'}, summary.csv, "
-          + ", ".join([f"{m}_vs_length.png" for m in tables] + ["retrieval_grid.png"] * grid))
+    print(f"\nwrote {root / 'summary.md'}, summary.csv, " + ", ".join(plots))
     return {label: {"train_length": train_of[label],
                     "train_length_ppl": tables["ppl"][label][train_of[label]]["mean"],
                     "gap": gap.gap, "gap_ci95": gap.band, "under_trained": gap.under_trained,
+                    "log_ppl_growth": log_ppl_growth(tables["ppl"][label], train_of[label]),
                     "extrapolation_ratio": extrapolation_ratio(tables["ppl"][label],
                                                                train_of[label])}
             for label, gap in gaps.items()}

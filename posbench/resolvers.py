@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
-from typing import Iterable, List, Sequence
+from typing import Iterable, List, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -32,7 +32,7 @@ def _safe(text: str, limit: int) -> str:
     return UNSAFE.sub("-", text).strip("-.")[:limit].rstrip("-.")
 
 
-def _value(value: str) -> str:
+def short_value(value: str) -> str:
     """The value as it is when it is short and safe; else a readable piece of it (a path's last
     part) and a hash of the whole, so that different values keep different names."""
     if len(value) <= VALUE_CHARS and not UNSAFE.search(value) and not value.startswith("."):
@@ -41,20 +41,23 @@ def _value(value: str) -> str:
     return f"{piece}-{_digest(value)}" if piece else _digest(value)
 
 
+def summary(pairs: Iterable[Tuple[str, str]]) -> str:
+    """`<key>-<value>_...` in safe characters, at most NAME_CHARS long (a longer one keeps its
+    start and a hash of the whole); also the tag that names a re-score (posbench/reeval.py)."""
+    text = "_".join(f"{_safe(key, NAME_CHARS)}-{short_value(value)}" for key, value in pairs)
+    if len(text) > NAME_CHARS:
+        text = f"{text[:NAME_CHARS - 7].rstrip('-._')}-{_digest(text)}"
+    return text
+
+
 def job_dir_name(num: int, overrides: Sequence[str], keys: Iterable[str]) -> str:
     """`<num>_<key>-<value>_...` over the overrides (`key=value`) whose key is one of `keys`, in
     their order; `<num>` alone when there is none."""
     keys = {key.lstrip("+~") for key in keys}
-    parts = []
-    for override in overrides:
-        key, _, value = override.partition("=")
-        key = key.lstrip("+~")
-        if key in keys:
-            parts.append(f"{_safe(key, NAME_CHARS)}-{_value(value)}")
-    summary = "_".join(parts)
-    if len(summary) > NAME_CHARS:
-        summary = f"{summary[:NAME_CHARS - 7].rstrip('-._')}-{_digest(summary)}"
-    return f"{num}_{summary}" if summary else str(num)
+    pairs = [(key.lstrip("+~"), value) for key, _, value in
+             (override.partition("=") for override in overrides)]
+    text = summary((key, value) for key, value in pairs if key in keys)
+    return f"{num}_{text}" if text else str(num)
 
 
 def _job_dir(*, _root_: DictConfig) -> str:

@@ -16,6 +16,8 @@ from posbench.parity import ppl_at
 from posbench.retrieval import ppl_effective_length
 
 RESULTS = "results.json"
+# in a sweep's job dir that was refused at its start and holds nothing else: the reason
+REFUSED = "refused.json"
 
 
 def results_record(cfg, model, data, curve: List[dict], train: dict,
@@ -78,24 +80,40 @@ def per_position_csv(curve: List[dict]) -> str:
     return out.getvalue()
 
 
-def write_results(run_dir: Path, record: dict, name: str = RESULTS) -> None:
+def rescore_label(record: dict) -> str:
+    """What a re-score changed, `rope_scaling=yarn, lengths=[128,4096]`; "" for a run's own
+    results."""
+    return record.get("rescore", {}).get("label", "")
+
+
+def write_results(run_dir: Path, record: dict, name: str = RESULTS,
+                  original: Optional[dict] = None) -> None:
     """results.json, curve.csv, ppl_vs_length.png, per_position.csv and .png, and for a task
-    accuracy_vs_length.png; `name` lets re-evaluations sit beside."""
+    accuracy_vs_length.png; `name` lets re-scores sit beside, and their plots overlay the
+    `original` results' curve."""
     from posbench.report import plot_curves, plot_per_position
     from posbench.retrieval import plot_heatmap
 
     stem = Path(name).stem.replace("results", "", 1)
     curve = record["eval"]["curve"]
     train_len = record["train"]["seq_len"]
-    title = f"{record['encoding']} (seed {record['seed']}, {record['eval']['protocol']})"
+    changed = rescore_label(record)
+    title = (f"{record['encoding']} (seed {record['seed']}, {record['eval']['protocol']})"
+             + (f"\nre-scored: {changed}" if changed else ""))
+    label = f"{record['encoding']} {changed}" if changed else record["encoding"]
     write_text(run_dir / f"curve{stem}.csv", curve_csv(curve))
-    plot_curves({record["encoding"]: [(p["length"], p["ppl"], None) for p in curve if "ppl" in p]},
-                train_len, run_dir / f"ppl_vs_length{stem}.png", title=title)
-    if any("accuracy" in p for p in curve):
-        plot_curves({record["encoding"]: [(p["length"], p["accuracy"], None) for p in curve
-                                          if "accuracy" in p]},
-                    train_len, run_dir / f"accuracy_vs_length{stem}.png", title=title,
-                    metric="accuracy")
+    for metric in ("ppl", "accuracy"):
+        if not any(metric in p for p in curve):
+            continue
+        series = {label: [(p["length"], p[metric], None) for p in curve if metric in p]}
+        base_of = {}
+        if original is not None:
+            base = f"{record['encoding']} as trained"
+            series = {base: [(p["length"], p[metric], None) for p in original["eval"]["curve"]
+                             if metric in p], **series}
+            base_of = {label: base}
+        plot_curves(series, train_len, run_dir / f"{metric}_vs_length{stem}.png", title=title,
+                    metric=metric, base_of=base_of)
     if record["eval"].get("retrieval"):
         plot_heatmap(record["eval"]["retrieval"], train_len,
                      run_dir / f"retrieval_heatmap{stem}.png", title=title)
@@ -109,10 +127,29 @@ def load_results(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 
 
+def eval_options(record: dict) -> str:
+    """The protocol and eval-time options a record was scored with, in one line."""
+    e = record["eval"]
+    factor = e.get("rope_scaling_factor")
+    options = [f"protocol {e['protocol']}", f"{e['tokens_per_length']} tokens per length"]
+    if e.get("stride"):
+        options.append(f"stride {e['stride']}")
+    if e.get("rope_scaling", "none") != "none":
+        options.append(f"rope_scaling {e['rope_scaling']} "
+                       + (f"(static factor {factor:g})" if factor else "(dynamic)"))
+    if e.get("logn_scaling"):
+        options.append("logn_scaling")
+    if record["encoding"] == "randomized":
+        options.append(f"randomized_positions {e.get('randomized_positions')}")
+    return ", ".join(options)
+
+
 def print_curve(record: dict) -> None:
     train_len = record["train"]["seq_len"]
-    print(f"\n{record['encoding']}: trained at {train_len}, final train loss "
-          f"{record['train']['final_loss']:.4f}")
+    changed = rescore_label(record)
+    print(f"\n{record['encoding']}" + (f" re-scored ({changed})" if changed else "")
+          + f": trained at {train_len}, final train loss {record['train']['final_loss']:.4f}")
+    print(f"  {eval_options(record)}")
     curve = record["eval"]["curve"]
     accuracy = any("accuracy" in p for p in curve)
     print(f"{'length':>8} {'loss':>8} {'ppl':>9}" + (f" {'exact':>7}" if accuracy else ""))

@@ -39,6 +39,7 @@ from posbench.io import FileLock, LockHeld, write_json
 from posbench.loggers import NoLogger, make_logger
 from posbench.progress import Bar
 from posbench.results import RESULTS, load_results, print_curve, results_record, write_results
+from posbench.trainlog import LOSS_PLOT, METRICS, MetricsLog, Validation, plot_losses
 from posbench.retrieval import Passkeys, evaluate_retrieval, mixer, plan_passkeys
 
 # config keys that change neither the weights nor the training loss: they may differ on resume
@@ -330,6 +331,10 @@ def fit(cfg: DictConfig, start: Start, run_dir: Path, logger, progress: Progress
                                                    state["last_loss"])
     first = progress.first
     tokens_per_step = t.batch_size * t.seq_len
+    main = distributed.is_main()
+    metrics = MetricsLog(run_dir / METRICS, first) if main else None
+    validation = (Validation(data, t.seq_len, t.batch_size, device, autocast)
+                  if main and t.val_every else None)
     plant = mixer(start.passkeys, t.get("retrieval_mix", 0.0))
     session = time.perf_counter()
 
@@ -360,13 +365,21 @@ def fit(cfg: DictConfig, start: Start, run_dir: Path, logger, progress: Progress
         save = done == t.steps or (t.ckpt_every > 0 and done % t.ckpt_every == 0)
         if device.type == "cpu" or log or save:
             progress.last_loss = check_finite(losses[:n], done - n, progress.last_loss)
+        row = {}
         if log:
             final_loss = losses[:n].mean().item()
             n = 0
             tps = tokens_per_step * (done - first) / (time.perf_counter() - session)
-            bar.log(loss=f"{final_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:.0f}")
-            logger.log({"train/step": done, "train/loss": final_loss, "train/lr": lr,
-                        "train/tokens_per_second": tps})
+            row = {"loss": final_loss, "lr": lr, "tokens_per_second": tps}
+        if validation is not None and done % t.val_every == 0:
+            row["val_loss"] = validation(model)
+        if row:
+            bar.log(**{key: f"{row[key]:.3f}" for key in ("loss", "val_loss") if key in row},
+                    **({"lr": f"{lr:.2e}", "tok_s": f"{tps:.0f}"} if log else {}))
+            if main:
+                metrics.append(done, **row)
+            logger.log({"train/step": done, **{f"train/{key}": value
+                                               for key, value in row.items()}}, step=done)
         if save and distributed.is_main():
             save_checkpoint(run_dir / CHECKPOINT, {
                 "posbench": posbench.__version__, "config": to_container(cfg),
@@ -377,6 +390,9 @@ def fit(cfg: DictConfig, start: Start, run_dir: Path, logger, progress: Progress
             progress.saved_step = done
         progress.step = done
     bar.close()
+    if main:
+        plot_losses(run_dir / METRICS, run_dir / LOSS_PLOT,
+                    f"{cfg.encoding.name} (seed {cfg.seed}), trained at {t.seq_len}")
     wall = elapsed()
     return {"seq_len": t.seq_len, "steps": t.steps, "tokens": tokens_per_step * t.steps,
             "final_loss": final_loss, "tokens_per_second": tokens_per_step * t.steps / wall,
@@ -389,13 +405,15 @@ def one_line(err: BaseException) -> str:
 
 
 def record_failure(cfg: DictConfig, start: Start, run_dir: Path, progress: Progress,
-                   err: Exception) -> RunFailed:
-    """Writes results.json with status failed and the reason; the failure in one line."""
+                   err: BaseException) -> RunFailed:
+    """Writes results.json with status failed (interrupted, for Ctrl-C) and the reason; the
+    failure in one line."""
     t = cfg.train
     reason = one_line(err)
+    status = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
     where = (f"at step {progress.step + 1} of {t.steps}" if progress.step < t.steps
              else "after training")
-    record = results_record(cfg, start.model, start.data, [], status="failed", error=reason,
+    record = results_record(cfg, start.model, start.data, [], status=status, error=reason,
                             train={"seq_len": t.seq_len, "steps": t.steps,
                                    "steps_done": progress.step, "last_loss": progress.last_loss,
                                    "checkpoint_step": progress.saved_step,
@@ -407,7 +425,8 @@ def record_failure(cfg: DictConfig, start: Start, run_dir: Path, progress: Progr
             write_json(run_dir / RESULTS, record)
     except OSError as write_err:
         kept += f"; results.json could not be written either ({one_line(write_err)})"
-    return RunFailed(f"run {str(run_dir)!r} failed {where}: {reason}; {kept}")
+    return RunFailed(f"run {str(run_dir)!r} {'stopped' if status == 'interrupted' else 'failed'} "
+                     f"{where}: {reason}; {kept}")
 
 
 def train(cfg: DictConfig, run_dir: Path, group: str, name: str,
@@ -450,7 +469,7 @@ def run_started(cfg: DictConfig, run_dir: Path, group: str, name: str,
         raise record_failure(cfg, start, run_dir, progress, err) from err
     except KeyboardInterrupt as err:  # recorded like a failure, but it stops a sweep too
         raise Interrupted(str(record_failure(cfg, start, run_dir, progress, err))) from None
-    logger.log_curve(curve)
+    logger.log_curve(curve, step=cfg.train.steps + 1)  # after every training row
     logger.finish({"final_loss": summary["final_loss"],
                    "train_len_ppl": record["eval"]["train_len_ppl"],
                    **{f"effective_length/{k}": v

@@ -89,14 +89,36 @@ def wandb_records(run_file):
             yield record
 
 
+def finished_wandb_records(run_file, timeout=30):
+    """The records of an offline run file once its exit record is in: wandb's service process
+    may still be writing the file's tail when run.finish() returns."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        records = list(wandb_records(run_file))
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            return records
+        assert time.monotonic() < deadline, f"{run_file} has no exit record"
+        time.sleep(0.2)
+
+
 def wandb_summary(run_dir):
     """The final summary of the one offline wandb run below run_dir, read from its run file."""
-    import json
-
     (run_file,) = Path(run_dir).glob("wandb/offline-run-*/run-*.wandb")
     summary = {}
-    for record in wandb_records(run_file):
+    for record in finished_wandb_records(run_file):
         if record.WhichOneof("record_type") == "summary":
             summary.update({item.key: json.loads(item.value_json)
                             for item in record.summary.update})
     return summary
+
+
+def wandb_history(run_file):
+    """The history rows ({key: value}, `_step` among them) of an offline wandb run file."""
+    rows = []
+    for record in finished_wandb_records(run_file):
+        if record.WhichOneof("record_type") == "history":
+            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                         for item in record.history.item})
+    return rows

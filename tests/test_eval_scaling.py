@@ -380,7 +380,7 @@ def test_posbench_eval_writes_a_scaled_results_file_beside_the_untouched_origina
     posbench_cli("eval", str(run_dir), "eval.rope_scaling=yarn", cwd=tmp_path)
     assert (run_dir / "results.json").read_bytes() == original
     new_files = sorted(run_dir.glob("results.eval-*.json"))
-    assert [p.name for p in new_files] == ["results.eval-rope_scaling=yarn.json"]
+    assert [p.name for p in new_files] == ["results.eval-rope_scaling-yarn.json"]
     old, new = json.loads(original), json.loads(new_files[0].read_text())
     assert old["eval"]["rope_scaling"] == "none" and new["eval"]["rope_scaling"] == "yarn"
     assert new["config"]["eval"]["rope_scaling"] == "yarn"

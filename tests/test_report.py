@@ -48,8 +48,8 @@ def test_seeds_are_averaged_with_a_t_interval_and_the_ratio_is_reported(tmp_path
     assert float(alibi["ppl_ci95"]) == pytest.approx(4.303 * sd / math.sqrt(3), rel=1e-3)
     assert alibi["seeds"] == "3" and float(rows[("nope", 128)]["ppl_ci95"]) == 0
     summary = (tmp_path / "summary.md").read_text()
-    assert "| alibi | 10.500 ± 1.242 | 11.833 ± 2.586 | 1.13 |" in summary
-    assert "| nope | 9.000 ± 0.000 | 50.000 ± 0.000 | 5.56 | +0.0% |" in summary
+    assert "| alibi | 10.500 ± 1.242 | 11.833 ± 2.586 | +0.120 | 1.13 |" in summary
+    assert "| nope | 9.000 ± 0.000 | 50.000 ± 0.000 | +1.715 | 5.56 | +0.0% |" in summary
     assert "Student t" in summary and "Failed" not in summary
     assert (tmp_path / "ppl_vs_length.png").stat().st_size > 0
 
@@ -66,10 +66,12 @@ def test_failed_partial_unreadable_and_missing_results_do_not_stop_the_report(tm
     (tmp_path / "4_killed" / ".hydra" / "config.yaml").write_text("seed: 0\n")
     write_report(tmp_path)
     summary = (tmp_path / "summary.md").read_text()
-    assert "| rope | 8.000 | 9.000 | 1.12 | +0.0% |" in summary
-    failed = summary.split("Failed runs:")[1]
-    for needle in ("1_failed: FloatingPointError", "2_failed_full: RuntimeError: boom",
-                   "3_bad: results.json unreadable", "4_killed: no results.json"):
+    assert "| rope | 8.000 | 9.000 | +0.118 | 1.12 | +0.0% |" in summary
+    failed = summary.split("Failed, interrupted or refused runs:")[1]
+    for needle in ("1_failed (failed): FloatingPointError",
+                   "2_failed_full (failed): RuntimeError: boom",
+                   "3_bad (unreadable): results.json unreadable",
+                   "4_killed (incomplete): no results.json"):
         assert needle in failed
     assert {label for label, _ in summary_rows(tmp_path)} == {"rope"}
 
@@ -90,8 +92,8 @@ def test_a_swept_training_length_is_its_own_group_with_its_own_ratio(tmp_path):
     write(tmp_path, "b", run_record("alibi", 0, {32: 10.0, 64: 8.0, 128: 12.0}, seq_len=64))
     write_report(tmp_path)
     summary = (tmp_path / "summary.md").read_text()
-    assert "| alibi [train.seq_len=32] | 10.000 | 9.000 | 12.000 | 1.20 | +0.0% |" in summary
-    assert "| alibi [train.seq_len=64] | 10.000 | 8.000 | 12.000 | 1.50 | +0.0% |" in summary
+    assert "| alibi [seq_len=32] | 10.000 | 9.000 | 12.000 | +0.038 | 1.20 | +0.0% |" in summary
+    assert "| alibi [seq_len=64] | 10.000 | 8.000 | 12.000 | +0.405 | 1.50 | +0.0% |" in summary
 
 
 def test_an_encodings_own_keys_label_only_runs_of_that_encoding(tmp_path):
@@ -101,7 +103,7 @@ def test_an_encodings_own_keys_label_only_runs_of_that_encoding(tmp_path):
     write(tmp_path, "c", run_record("t5", 0, {32: 7.0}, **t5(16)))
     write_report(tmp_path)
     labels = {label for label, _ in summary_rows(tmp_path)}
-    assert labels == {"rope", "t5 [encoding.num_buckets=32]", "t5 [encoding.num_buckets=16]"}
+    assert labels == {"rope", "t5 [num_buckets=32]", "t5 [num_buckets=16]"}
 
 
 def test_parity_gap_to_the_best_at_the_training_length_marks_under_trained_groups(tmp_path):
@@ -117,14 +119,14 @@ def test_parity_gap_to_the_best_at_the_training_length_marks_under_trained_group
     half_width = 4.303 * 1.0 / math.sqrt(3)  # sd of (5, 6, 7) is 1
     expected = {"rope": (0.0, 0.0), "alibi": (0.1, 0.0), "sinusoidal": (0.5, half_width / 4.0)}
     for label, (gap, band) in expected.items():
-        row = rows[("[train.seq_len=32]".join([label + " ", ""]), 32)]
+        row = rows[(f"{label} [seq_len=32]", 32)]
         assert float(row["train_length_gap"]) == pytest.approx(gap, abs=1e-9)
         assert float(row["train_length_gap_ci95"]) == pytest.approx(band, rel=1e-3)
         assert row["under_trained"] == str(gap > 0.15)
         assert float(row["extrapolation_ratio"]) == pytest.approx(2.0)
-    assert float(rows[("t5 [train.seq_len=64]", 64)]["train_length_gap"]) == 0.0
+    assert float(rows[("t5 [seq_len=64]", 64)]["train_length_gap"]) == 0.0
     summary = (tmp_path / "summary.md").read_text()
-    assert "| sinusoidal [train.seq_len=32] |" in summary
+    assert "| sinusoidal [seq_len=32] |" in summary
     assert f"+50.0% ± {half_width / 4.0:.1%} under-trained |" in summary
     under = [line for line in summary.splitlines() if "extrapolation ratio is not comparable" in line]
     assert len(under) == 1 and under[0].startswith("- **sinusoidal")

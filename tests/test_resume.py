@@ -16,7 +16,8 @@ import torch
 
 from posbench.checkpoint import load_checkpoint, save_checkpoint
 from posbench.train import check_finite
-from helpers import posbench_cli, results, run_in_process
+from posbench.trainlog import read_metrics
+from helpers import posbench_cli, results, run_in_process, wandb_history
 
 POSBENCH = shutil.which("posbench")
 # one thread: the same CPU kernels in every process, and no OpenMP spinning on shared cores
@@ -45,6 +46,16 @@ def files(run_dir):
 def same_training(a, b):
     assert a["eval"]["curve"] == b["eval"]["curve"]  # floats compared exactly
     assert a["train"]["final_loss"] == b["train"]["final_loss"]
+
+
+def same_log(run_dir, reference):
+    """metrics.csv of a resumed run: the rows of an uninterrupted one, none twice (tokens per
+    second aside, which times the sitting that wrote the row)."""
+    rows = [{k: v for k, v in row.items() if k != "tokens_per_second"}
+            for row in read_metrics(run_dir / "metrics.csv")]
+    assert rows == [{k: v for k, v in row.items() if k != "tokens_per_second"}
+                    for row in read_metrics(reference / "metrics.csv")]
+    assert any(row["val_loss"] is not None for row in rows)  # train.val_every's default, 250
 
 
 @pytest.fixture(scope="module")
@@ -76,10 +87,12 @@ def test_a_run_killed_at_a_random_step_resumes_bit_for_bit(finished, tmp_path):
 
     proc = posbench_train([*RUN, f"hydra.run.dir={run_dir}"], tmp_path)
     assert f"took over the stale lock of run dir {str(run_dir)!r}: pid " in proc.stdout
+    assert f"posbench: resuming from step {killed_at} of 300 (checkpoint.pt)" in proc.stdout
     record = results(run_dir)
     assert record["status"] == "ok"
     assert record["train"]["resumed_from_step"] == killed_at > 0
     same_training(record, results(finished))
+    same_log(run_dir, finished)
     assert not list(run_dir.glob(".*.*")), "a temporary file was left behind"
 
 
@@ -106,9 +119,10 @@ def test_ctrl_c_says_what_it_kept_in_one_line_and_the_run_resumes(finished, tmp_
     assert "Traceback" not in out + err
     (line,) = [line for line in err.splitlines() if line.startswith("posbench: interrupted")]
     record = results(run_dir)
-    assert record["status"] == "failed" and record["error"] == "KeyboardInterrupt"
+    assert record["status"] == "interrupted" and record["error"] == "KeyboardInterrupt"
     kept = record["train"]["checkpoint_step"]
     assert f"its checkpoint at step {kept} is kept" in line and str(run_dir) in line
+    assert "stopped at step" in line
     assert load_checkpoint(run_dir / "checkpoint.pt")["step"] == kept > 0
 
     posbench_train([*RUN, f"hydra.run.dir={run_dir}"], tmp_path)
@@ -129,14 +143,24 @@ def test_a_resumed_run_continues_its_wandb_run(tmp_path):
     assert wandb_ids(tmp_path / "run") == [run_id, run_id]  # one wandb run, in two sittings
     assert wandb_ids(tmp_path / "other") == [(tmp_path / "other" / "wandb_run_id").read_text()]
     assert wandb_ids(tmp_path / "other") != [run_id]
+    # the second sitting continues the first's step count, so that `wandb sync` of both
+    # folders merges them into one run: its training rows start past the checkpoint's step
+    first, second = (wandb_history(f) for f in sorted(
+        (tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb")))
+    resumed = results(tmp_path / "run")["train"]["resumed_from_step"]
+    assert [row["_step"] for row in second if "train/step" in row][0] > resumed > 0
+    for rows in (first, second):
+        steps = [row["_step"] for row in rows]
+        assert steps == sorted(set(steps))
+        assert all(row["_step"] == row["train/step"] for row in rows if "train/step" in row)
+    assert min(row["_step"] for row in second if "eval/length" in row) > 300  # after training
 
 
 def test_a_finished_run_is_skipped_and_a_failed_one_resumed(finished, tmp_path, monkeypatch,
                                                             capsys):
     run_dir = copy_of(finished, tmp_path)
     before = files(run_dir)
-    proc = run_in_process(["train", *RUN, "eval.tokens=512", f"hydra.run.dir={run_dir}"],
-                          monkeypatch, capsys)
+    proc = run_in_process(["train", *RUN, f"hydra.run.dir={run_dir}"], monkeypatch, capsys)
     assert proc.returncode == 0 and "skipped" in proc.stdout, proc.stderr[-2000:]
     assert files(run_dir) == before
 
@@ -214,7 +238,7 @@ def test_a_sweep_goes_on_past_a_failed_job_and_resumes_it_when_started_again(tmp
     saved = load_checkpoint(jobs[1e30] / "checkpoint.pt")  # the last good one, kept
     assert 0 < saved["step"] == failed["train"]["checkpoint_step"] == failed["train"]["steps_done"]
     assert all(torch.isfinite(p).all() for p in saved["model"].values())
-    assert "Failed runs" in (tmp_path / "sweep" / "summary.md").read_text()
+    assert "Failed, interrupted or refused runs" in (tmp_path / "sweep" / "summary.md").read_text()
 
     ok_before = files(jobs[1e-3])
     proc = posbench_train([*sweep, "train.resume=true"], tmp_path, ok=False)  # same job dirs
@@ -238,6 +262,6 @@ def test_a_full_disk_fails_in_one_line_and_leaves_no_partial_file(tmp_path, stdl
     assert (f"could not write {tmp_path / 'run' / 'checkpoint.pt'} (File too large); no partial "
             "checkpoint.pt was left") in line
     run_dir = tmp_path / "run"
-    assert sorted(p.name for p in run_dir.iterdir()) == [".hydra", "results.json"]
+    assert sorted(p.name for p in run_dir.iterdir()) == [".hydra", "metrics.csv", "results.json"]
     record = results(run_dir)
     assert record["status"] == "failed" and "File too large" in record["error"]

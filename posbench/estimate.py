@@ -1,0 +1,168 @@
+"""What a job will cost, before it starts: tokens, FLOPs and peak memory, from the config alone.
+
+The formulas (docs/design.md, "Estimates"), with B the batch per process, L the training length,
+n an evaluation length, d = model.d_model, V the vocabulary, P the parameters:
+- training FLOPs: 6·N·tokens + 6·n_layer·L·d·tokens (Kaplan et al. 2020: weights, then attention
+  scores and their weighted sum, forward and backward), N the parameters outside the encoding
+  (its tables are looked up, not multiplied; the tied embedding counts once, as the output layer);
+- evaluation FLOPs: (2·N + 2·n_layer·n·d) per processed token, summed over the lengths;
+- training memory: 16·P bytes (fp32 weights, gradients and AdamW's two moments), plus
+  4·B·L·(28·n_layer·d + 4·V) bytes of activations kept for the backward pass, plus, for an
+  encoding with a score hook, 4 blocks of attention scores in fp32 (posbench/attention.py bounds
+  a block), plus 0.5 GiB for the interpreter, torch and the corpus;
+- evaluation memory at the longest length n: 4·P bytes, plus 4·b·n·(16·d + 2·V·min(1, 4096/n))
+  bytes with b = max(1, eval.batch_tokens // n) windows per forward pass, plus 10 score blocks
+  and the 0.5 GiB as above.
+The constants were measured on CPU in fp32 (tiny model; RoPE, ALiBi and T5 up to 8192 tokens)
+and round up; bf16 autocast on CUDA needs less. A contextual encoding (CoPE) keeps more per
+score than a bias does: training it at 4096 tokens took about 1.5 GB more than the estimate.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Tuple
+
+import torch
+
+from posbench.attention import BLOCK_ELEMENTS
+
+BASE_BYTES = 1 << 29  # the interpreter, torch and the corpus
+ACTIVATIONS_PER_LAYER = 28  # fp32 values kept per token and unit of d_model, per layer
+LOGIT_COPIES = 4  # fp32 values kept per token and vocabulary entry: logits, softmax, gradients
+EVAL_ACTIVATIONS = 16  # fp32 values alive per token and unit of d_model in a forward pass
+# score blocks alive at once on the blockwise path (scores, probabilities, masks): training
+# recomputes a block in its backward pass and keeps fewer
+TRAIN_SCORE_BLOCKS, EVAL_SCORE_BLOCKS = 4, 10
+LOGIT_CHUNK = 4096  # positions whose logits exist at once (model.token_losses)
+MEMORY_CHECK = "POSBENCH_MEMORY_CHECK"  # =0: start a job the estimate says will not fit
+
+
+@dataclass(frozen=True)
+class Estimate:
+    params: int
+    tokens: int  # trained on
+    train_flops: float
+    eval_flops: float
+    train_bytes: int  # expected peak of training
+    eval_bytes: int  # expected peak at the longest evaluation length
+    eval_length: int
+
+
+def _score_blocks(blocks: int, batch: int, heads: int, length: int) -> int:
+    """fp32 bytes of `blocks` score blocks of the blockwise path: whole rows of at most
+    BLOCK_ELEMENTS scores, 16 query rows at least."""
+    block = min(batch * heads * length * length, max(BLOCK_ELEMENTS, 16 * batch * heads * length))
+    return 4 * blocks * block
+
+
+def _processed_tokens(eval_cfg, length: int) -> int:
+    """Tokens fed to the model at one length: windows times the length."""
+    scored = length if eval_cfg.protocol == "nonoverlapping" else (
+        eval_cfg.stride or min(eval_cfg.lengths))
+    return math.ceil(eval_cfg.tokens / scored) * length
+
+
+def estimate(cfg, world_size: int = 1) -> Estimate:
+    """The estimate of a checked config (no data read: the model is built on the meta device)."""
+    import posbench
+    from posbench.evaluate import with_train_length
+
+    with torch.device("meta"):
+        model = posbench.build_model(cfg)
+    params = model.num_params()
+    weights = params - sum(p.numel() for p in model.encoding.parameters())
+    hooks = any(getattr(model.encoding, hook) is not None
+                for hook in ("score_mod", "row_mod", "value_mod"))
+    m, t = cfg.model, cfg.train
+    vocab = model.head.weight.shape[0]
+    tokens = t.batch_size * t.seq_len * t.steps
+    train_flops = 6 * weights * tokens + 6 * m.n_layer * t.seq_len * m.d_model * tokens
+    eval_cfg = with_train_length(cfg.eval, t.seq_len)
+    eval_flops = sum(_processed_tokens(eval_cfg, n) * (2 * weights + 2 * m.n_layer * n * m.d_model)
+                     for n in eval_cfg.lengths)
+    batch = t.batch_size // world_size
+    train_bytes = (BASE_BYTES + 16 * params + 4 * batch * t.seq_len * (
+        ACTIVATIONS_PER_LAYER * m.n_layer * m.d_model + LOGIT_COPIES * vocab)
+        + (_score_blocks(TRAIN_SCORE_BLOCKS, batch, m.n_head, t.seq_len) if hooks else 0))
+    n = max(eval_cfg.lengths)
+    windows = max(1, eval_cfg.batch_tokens // n)
+    eval_bytes = (BASE_BYTES + 4 * params + 4 * windows * n * (
+        EVAL_ACTIVATIONS * m.d_model + 2 * vocab * min(1.0, LOGIT_CHUNK / n))
+        + (_score_blocks(EVAL_SCORE_BLOCKS, windows, m.n_head, n) if hooks else 0))
+    return Estimate(params, tokens, float(train_flops), float(eval_flops), int(train_bytes),
+                    int(eval_bytes), n)
+
+
+def _cgroup_room() -> Optional[int]:
+    """Bytes left under this process's cgroup v2 memory limit (a container, a SLURM job)."""
+    folder = Path("/sys/fs/cgroup")
+    try:
+        limit = (folder / "memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        return int(limit) - int((folder / "memory.current").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def available_memory(device: torch.device) -> Tuple[Optional[int], str]:
+    """Bytes a job can use on `device`, and where the number comes from; (None, why) when it
+    cannot be known."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free, f"free on {torch.cuda.get_device_name(device)}"
+    try:
+        meminfo = Path("/proc/meminfo").read_text()
+    except OSError:
+        return None, "no /proc/meminfo"
+    available = next(int(line.split()[1]) * 1024 for line in meminfo.splitlines()
+                     if line.startswith("MemAvailable:"))
+    room = _cgroup_room()
+    if room is not None and room < available:
+        return room, "under this cgroup's memory.max"
+    return available, "MemAvailable"
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**29 else f"{n / 2**20:.0f} MiB"
+
+
+def count(n: float) -> str:
+    """4.1M, 3.3G: three significant digits and an SI prefix."""
+    for value, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if n >= value:
+            return f"{n / value:.3g}{prefix}"
+    return f"{n:.3g}"
+
+
+def describe(est: Estimate) -> str:
+    return (f"{count(est.params)} parameters, {count(est.tokens)} training tokens, "
+            f"{est.train_flops:.2g} FLOPs training + {est.eval_flops:.2g} evaluating; peak "
+            f"memory about {gib(est.train_bytes)} training, {gib(est.eval_bytes)} evaluating at "
+            f"{est.eval_length}").replace("e+", "e")
+
+
+def refusal(cfg, est: Estimate, room: Optional[int], source: str) -> Optional[str]:
+    """Why the job's training cannot fit in `room` bytes (source: where that number comes from),
+    in one line; None when it fits, when room is unknown, or with POSBENCH_MEMORY_CHECK=0."""
+    if room is None or est.train_bytes <= room or os.environ.get(MEMORY_CHECK) == "0":
+        return None
+    t, m = cfg.train, cfg.model
+    return (f"train.seq_len={t.seq_len} is not accepted with train.batch_size={t.batch_size} "
+            f"(model n_layer={m.n_layer}, d_model={m.d_model}): training needs about "
+            f"{gib(est.train_bytes)} by estimate, {gib(room)} of memory are available "
+            f"({source}); expected a smaller train.seq_len or train.batch_size, or "
+            f"{MEMORY_CHECK}=0 to start it anyway")
+
+
+def eval_warning(est: Estimate, room: Optional[int]) -> Optional[str]:
+    """A warning when the longest evaluation length will likely run out of memory: that length
+    is then recorded as oom and the others still run, so it does not refuse the job."""
+    if room is None or est.eval_bytes <= room:
+        return None
+    return (f"eval.lengths entry {est.eval_length} needs about {gib(est.eval_bytes)} by "
+            f"estimate, {gib(room)} are available: it will likely be recorded as oom; a lower "
+            "eval.batch_tokens or a shorter length fits")

@@ -1,0 +1,119 @@
+"""Estimates before work: a job's FLOPs and peak memory against measured ones, `--dry-run`
+listing a sweep's jobs without running or writing anything, a job that cannot fit the machine
+refused in one line (and listed by its sweep's report), and Ctrl-C honoured inside one long
+operation."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import posbench
+from helpers import posbench_cli
+from posbench.estimate import MEMORY_CHECK, available_memory, estimate, refusal
+
+STEP = ["train.seq_len=256", "train.batch_size=4", "train.steps=1", "eval.lengths=[256]"]
+
+
+@pytest.mark.parametrize("encoding", ["rope", "t5"])  # fused attention; a score hook
+def test_training_flops_are_within_a_fifth_of_those_counted_in_a_step(encoding):
+    cfg = posbench.compose([f"encoding={encoding}", *STEP])
+    model = posbench.build_model(cfg)
+    x = torch.randint(0, 256, (4, 256))
+    with FlopCounterMode(display=False) as counted:
+        model(x, targets=x).mean().backward()
+    assert 0.8 < estimate(cfg).train_flops / counted.get_total_flops() < 1.25
+
+
+MEASURE = """
+import resource, sys, torch, posbench
+torch.set_num_threads(1)
+cfg = posbench.compose(sys.argv[1:])
+model = posbench.build_model(cfg)
+optimizer = torch.optim.AdamW(model.parameters())
+x = torch.randint(0, 256, (cfg.train.batch_size, cfg.train.seq_len))
+model(x, targets=x).mean().backward()
+optimizer.step()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+
+
+@pytest.mark.parametrize("encoding", ["rope", "alibi"])
+def test_training_memory_is_an_upper_bound_within_twice_the_measured_peak(encoding):
+    overrides = [f"encoding={encoding}", "train.seq_len=1024", "train.batch_size=8",
+                 "eval.lengths=[1024]"]
+    proc = subprocess.run([sys.executable, "-c", MEASURE, *overrides], capture_output=True,
+                          text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    measured = int(proc.stdout.split()[-1])
+    assert measured < estimate(posbench.compose(overrides)).train_bytes < 2 * measured
+
+
+def test_dry_run_lists_every_job_with_its_estimate_and_writes_nothing(tmp_path):
+    proc = posbench_cli("train", "-m", "encoding=rope,alibi", "train.seq_len=128,1000000",
+                        "--dry-run", cwd=tmp_path)
+    for job in ("0_encoding-rope_train.seq_len-128", "1_encoding-rope_train.seq_len-1000000",
+                "2_encoding-alibi_train.seq_len-128", "3_encoding-alibi_train.seq_len-1000000"):
+        (line,) = [x for x in proc.stdout.splitlines() if x.startswith(f"  {job}: ")]
+        assert "training tokens" in line and "FLOPs training" in line and "GiB" in line
+    assert proc.stdout.count("    refused: train.seq_len=1000000 is not accepted") == 2
+    assert "4 jobs: " in proc.stdout and "2 would be refused" in proc.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_job_that_cannot_fit_is_refused_in_one_line_and_its_sweep_lists_it(tmp_path, toy):
+    cfg = posbench.compose(["train.seq_len=1000000"])  # model=tiny, batch 32: terabytes
+    room, source = available_memory(torch.device("cpu"))
+    assert 0 < room and source in ("MemAvailable", "under this cgroup's memory.max")
+    line = refusal(cfg, estimate(cfg), room, source)
+    assert line.startswith("train.seq_len=1000000 is not accepted with train.batch_size=32")
+    os.environ[MEMORY_CHECK] = "0"
+    try:
+        assert refusal(cfg, estimate(cfg), room, source) is None
+    finally:
+        del os.environ[MEMORY_CHECK]
+
+    single = posbench_cli("train", "train.seq_len=1000000", cwd=tmp_path, ok=False)
+    (error,) = single.stderr.strip().splitlines()
+    assert single.returncode == 2 and error.startswith(f"posbench: error: {line[:60]}")
+    assert " GiB by estimate, " in error
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+
+    args = [a for a in toy if not a.startswith("train.batch_size=")]
+    sweep = posbench_cli("train", "-m", *args, "train.batch_size=2,10000000",
+                         "hydra.sweep.dir=sweep", cwd=tmp_path, ok=False)
+    assert sweep.returncode == 2
+    refused = tmp_path / "sweep" / "1_train.batch_size-10000000"
+    assert sorted(p.name for p in refused.iterdir()) == ["refused.json"]
+    assert "is not accepted with train.batch_size=10000000" in json.loads(
+        (refused / "refused.json").read_text())["error"]
+    summary = (tmp_path / "sweep" / "summary.md").read_text()
+    assert f"- sweep/{refused.name} (refused): train.seq_len=32 is not accepted" in summary
+
+
+HELD_OFF = """
+import sys, torch
+from posbench.cli import honour_ctrl_c
+torch.set_num_threads(1)
+with honour_ctrl_c(grace=2):
+    print("started", flush=True)
+    torch.linalg.eigvals(torch.randn(5000, 5000, dtype=torch.float64))  # ~30 s in one call
+"""
+
+
+def test_ctrl_c_inside_one_long_operation_stops_the_process_within_seconds():
+    proc = subprocess.Popen([sys.executable, "-c", HELD_OFF], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert proc.stdout.readline() == "started\n"
+    time.sleep(1)  # inside the call
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and time.monotonic() - sent < 8, err
+    assert "a long operation held off Ctrl-C, stopping now" in err

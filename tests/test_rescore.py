@@ -1,0 +1,152 @@
+"""Re-scoring as a comparison: `posbench eval` over a whole sweep with Hydra's multirun over eval
+keys, each re-score named by what it changed (files, table, plot, wandb run), a repeat skipped,
+`posbench report` grouping and overlaying the re-scores, and a finished run asked for new eval
+settings through `posbench train`."""
+import csv
+import json
+
+import pytest
+
+from helpers import finished_wandb_records, posbench_cli, results, run_in_process
+from posbench.reeval import change_label, change_tag, eval_changes
+
+TOY_SWEEP = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.steps=3",
+             "train.batch_size=2", "train.seq_len=32", "train.warmup_steps=1",
+             "eval.lengths=[32,64]", "eval.tokens=256"]
+
+
+def files(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """A real two-encoding sweep, re-scored by one command with three RoPE scalings."""
+    root = tmp_path_factory.mktemp("rescore")
+    posbench_cli("train", "-m", *TOY_SWEEP, "encoding=rope,alibi", "hydra.sweep.dir=sweep",
+                 cwd=root)
+    sweep = root / "sweep"
+    rope, alibi = sweep / "0_encoding-rope", sweep / "1_encoding-alibi"
+    before = {job: files(job) for job in (rope, alibi)}
+    proc = posbench_cli("eval", "sweep", "-m", "eval.rope_scaling=none,pi,yarn", "logger=wandb",
+                        cwd=root)
+    return root, sweep, rope, alibi, before, proc
+
+
+def test_one_command_rescores_every_run_of_a_sweep_named_by_what_it_changed(sweep):
+    root, folder, rope, alibi, before, proc = sweep
+    assert sorted(p.name for p in rope.glob("results*.json")) == [
+        "results.eval-rope_scaling-pi.json", "results.eval-rope_scaling-yarn.json",
+        "results.json"]
+    for scaling in ("pi", "yarn"):
+        record = json.loads((rope / f"results.eval-rope_scaling-{scaling}.json").read_text())
+        assert record["rescore"] == {"tag": f"rope_scaling-{scaling}",
+                                     "label": f"rope_scaling={scaling}",
+                                     "changes": {"eval.rope_scaling": scaling}}
+        assert record["eval"]["rope_scaling"] == scaling
+        for name in ("curve", "per_position"):
+            assert (rope / f"{name}.eval-rope_scaling-{scaling}.csv").is_file()
+        assert (rope / f"ppl_vs_length.eval-rope_scaling-{scaling}.png").stat().st_size > 0
+        # its table names the change and the protocol
+        assert f"rope re-scored (rope_scaling={scaling}): trained at 32" in proc.stdout
+    assert "protocol nonoverlapping, 256 tokens per length, rope_scaling yarn (dynamic)" in (
+        proc.stdout)
+    # unchanged settings and non-rotary encodings are skipped, each in one line
+    assert proc.stdout.count("no eval key differs from the run's own") == 2
+    assert f"skipped {alibi}: eval.rope_scaling=pi applies to rotary encodings" in proc.stdout
+    assert not list(alibi.glob("results.eval-*"))
+    # the original files are untouched, and nothing of Hydra's lands in the run dirs or the sweep
+    for job in (rope, alibi):
+        assert all(files(job)[path] == blob for path, blob in before[job].items())
+        assert not (job / "multirun.yaml").exists() and not (job / ".hydra" / "multirun.yaml").exists()
+    assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == [rope.name, alibi.name]
+
+
+def test_a_rescore_is_a_wandb_run_of_its_own_in_the_training_runs_group(sweep):
+    _, folder, rope, alibi, *_ = sweep
+    runs = {}
+    for run_file in rope.glob("wandb/offline-run-*/run-*.wandb"):
+        (run,) = [r.run for r in finished_wandb_records(run_file)
+                  if r.WhichOneof("record_type") == "run"]
+        runs[run.display_name] = run
+    assert set(runs) == {f"{rope.name}.eval-rope_scaling-pi",
+                         f"{rope.name}.eval-rope_scaling-yarn"}
+    # the group `posbench train -m` gives its jobs: the sweep dir and its parent (the date)
+    group = f"{folder.parent.name}/{folder.name}"
+    assert {run.run_group for run in runs.values()} == {group}
+    assert {run.job_type for run in runs.values()} == {"eval"}
+    assert not (rope / "wandb_run_id").exists()  # the id file is a training run's
+    assert not (alibi / "wandb").exists()
+
+
+def test_the_same_rescore_again_is_skipped_and_writes_nothing(sweep):
+    root, folder, rope, alibi, _, _ = sweep
+    before = files(folder)
+    proc = posbench_cli("eval", str(rope), "eval.rope_scaling=yarn", cwd=root)
+    assert "results.eval-rope_scaling-yarn.json already holds this re-score" in proc.stdout
+    assert files(folder) == before
+
+
+def test_the_report_groups_rescores_by_their_change_and_overlays_them(sweep, monkeypatch, capsys):
+    root, folder, *_ = sweep
+    proc = run_in_process(["report", str(folder)], monkeypatch, capsys)
+    assert proc.returncode == 0, proc.stderr
+    rows = {(r["label"], int(r["length"])): r for r in csv.DictReader(open(folder / "summary.csv"))}
+    assert {label for label, _ in rows} == {"rope", "alibi", "rope (rope_scaling=pi)",
+                                            "rope (rope_scaling=yarn)"}
+    assert rows[("rope (rope_scaling=yarn)", 64)]["rescore_of"] == "rope"
+    yarn = json.loads((folder / "0_encoding-rope" / "results.eval-rope_scaling-yarn.json")
+                      .read_text())
+    assert float(rows[("rope (rope_scaling=yarn)", 64)]["ppl_mean"]) == pytest.approx(
+        yarn["eval"]["curve"][1]["ppl"], rel=1e-5)
+    summary = (folder / "summary.md").read_text()
+    assert summary.startswith("# posbench report: 2 runs, 2 re-scores")
+    assert "| rope (rope_scaling=pi) |" in summary
+    # parity compares training only: a re-score has no gap of its own
+    assert rows[("rope (rope_scaling=pi)", 32)]["train_length_gap"] == ""
+
+
+def test_a_finished_run_asked_for_new_eval_settings_by_train_scores_them(sweep, monkeypatch,
+                                                                         capsys):
+    root, _, rope, *_ = sweep
+    overrides = [*TOY_SWEEP, "encoding=rope", f"hydra.run.dir={rope}"]
+    proc = run_in_process(["train", *overrides, "eval.lengths=[32,48]"], monkeypatch, capsys)
+    assert proc.returncode == 0, proc.stderr
+    assert "holds this run, finished; scoring its checkpoint with the new eval settings " \
+           "(lengths=[32,48])" in proc.stdout
+    (new,) = rope.glob("results.eval-lengths-*.json")
+    assert [p["length"] for p in json.loads(new.read_text())["eval"]["curve"]] == [32, 48]
+    again = run_in_process(["train", *overrides, "eval.lengths=[32,48]"], monkeypatch, capsys)
+    assert again.returncode == 0 and "already holds this re-score" in again.stdout
+    same = run_in_process(["train", *overrides], monkeypatch, capsys)
+    assert same.returncode == 0 and f"skipped {rope}: it holds this run, finished" in same.stdout
+
+
+def test_a_name_taken_by_another_rescore_and_a_training_key_are_refused_in_one_line(
+        sweep, monkeypatch, capsys):
+    _, _, rope, *_ = sweep
+    taken = rope / "results.eval-rope_scaling-pi.json"
+    record = json.loads(taken.read_text())
+    record["config"]["eval"]["rope_scaling"] = "ntk"
+    taken.write_text(json.dumps(record))
+    for argv, needle in [
+            (["eval", str(rope), "eval.rope_scaling=pi"], "holds a re-score with "
+             "eval.rope_scaling=ntk"),
+            (["eval", str(rope), "model.n_layer=2"], "model.n_layer=2 is not accepted by "
+             "posbench eval"),
+            (["eval", str(rope), "logger=nosuch"], "logger='nosuch' is not accepted")]:
+        proc = run_in_process(argv, monkeypatch, capsys)
+        assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+    assert json.loads(taken.read_text()) == record
+
+
+def test_changes_are_read_against_the_runs_config_with_keys_it_predates():
+    trained = {"eval": {"lengths": [128, 256], "rope_scaling": "none"}, "device": "auto"}
+    now = {"eval": {"lengths": [128, 4096], "rope_scaling": "yarn", "rope_scaling_factor": None,
+                    "logn_scaling": False}, "device": "auto"}
+    changes = eval_changes(trained, now)  # a factor absent from the old run counts at its default
+    assert changes == {"eval.lengths": [128, 4096], "eval.rope_scaling": "yarn"}
+    assert change_label(changes) == "lengths=[128,4096], rope_scaling=yarn"
+    assert change_tag(changes).startswith("lengths-128-4096-")
+    assert change_tag(changes).endswith("_rope_scaling-yarn")
