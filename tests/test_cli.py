@@ -136,3 +136,20 @@ def test_finished_run_dir_is_never_overwritten(tmp_path, toy):
     assert proc.returncode != 0 and "already holds results.json" in proc.stderr
     after = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
     assert before == after
+
+
+def test_a_run_whose_hydra_files_cannot_be_written_frees_its_run_dir(tmp_path, toy, monkeypatch,
+                                                                      capsys):
+    import errno
+
+    import posbench.cli
+    from helpers import run_in_process
+
+    def full_disk(run_dir, cfg):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(posbench.cli, "_save_hydra_files", full_disk)
+    proc = run_in_process(["train", *toy, f"hydra.run.dir={tmp_path / 'run'}"], monkeypatch,
+                          capsys)
+    assert proc.returncode == 1 and "could not start: OSError" in proc.stderr
+    assert not (tmp_path / "run" / "run.lock").exists()  # released: a next start may take it

@@ -147,3 +147,53 @@ def test_the_sweep_report_logs_parity_to_wandb(tmp_path):
     assert summary["parity/sinusoidal/gap"] == pytest.approx(0.5)
     assert summary["parity/sinusoidal/under_trained"] is True
     assert summary["parity/rope/train_length_ppl"] == pytest.approx(4.0)
+
+
+def test_a_repeated_seed_is_counted_once_and_throughput_is_reported(tmp_path):
+    for name, ppl, seconds in (("0_rope", 8.0, 100.0), ("1_rope_again", 9.0, 300.0)):
+        record = run_record("rope", 0, {32: ppl, 64: 2 * ppl})
+        record["train"].update(tokens_per_second=1000.0, wall_seconds=seconds)
+        write(tmp_path, name, record)
+    write_report(tmp_path)
+    rows = summary_rows(tmp_path)
+    assert rows[("rope", 32)]["seeds"] == "1" and rows[("rope", 32)]["ppl_mean"] == "8"
+    assert rows[("rope", 32)]["tokens_per_second"] == "1000"
+    assert rows[("rope", 32)]["wall_seconds"] == "100"
+    summary = (tmp_path / "summary.md").read_text()
+    assert "±" not in summary and "| rope | 1000 | 1:40 |" in summary
+    assert (f"- {tmp_path}/1_rope_again/results.json repeats {tmp_path}/0_rope/results.json "
+            "(same config and seed 0): counted once") in summary
+
+
+def test_the_headline_is_the_mean_log_ppl_growth_past_the_training_length(tmp_path):
+    # a dip at one length (other text sampled there) moves the ratio at the longest length,
+    # while the mean over every length past L moves by a third of it
+    write(tmp_path, "a", run_record("rope", 0, {32: 4.0, 64: 8.0, 128: 4.0, 256: 16.0}))
+    write_report(tmp_path)
+    row = summary_rows(tmp_path)[("rope", 32)]
+    assert float(row["log_ppl_growth"]) == pytest.approx((math.log(2) + 0 + math.log(4)) / 3)
+    assert float(row["extrapolation_ratio"]) == pytest.approx(4.0)
+    assert "eval.protocol=growing_context" in (tmp_path / "summary.md").read_text()
+
+
+def test_plots_keep_the_legend_outside_with_plain_ticks_for_many_groups(tmp_path, monkeypatch):
+    import posbench.report as report
+
+    saved = {}
+    monkeypatch.setattr(report, "save_figure", lambda plt, fig, path: saved.update(fig=fig))
+    series = {f"encoding_{i} [lr=0.00{i}, seq_len=128]": [(128, 126.6 + i, None), (256, 140.0, None),
+                                                          (2048, 161.0 + i, None)]
+              for i in range(30)}
+    report.plot_curves(series, 128, tmp_path / "p.png", title="perplexity vs length " * 8)
+    fig = saved["fig"]
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    legend = ax.get_legend()
+    assert legend.get_window_extent().x0 >= ax.get_window_extent().x1  # beside the axes
+    texts = [t.get_text() for t in legend.get_texts()]
+    assert len(texts) == report.LEGEND_ENTRIES and texts[-1] == "and 12 more (summary.md)"
+    ticks = [t.get_text() for t in ax.get_xticklabels() + ax.get_yticklabels()]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["128", "256", "2048"]
+    assert all(t.replace(".", "").isdigit() for t in ticks), ticks
+    assert len(ax.get_yticklabels()) >= 3
+    assert max(len(line) for line in ax.get_title().splitlines()) <= 70
