@@ -21,7 +21,7 @@ STEP = ["train.seq_len=256", "train.batch_size=4", "train.steps=1", "eval.length
 
 
 @pytest.mark.parametrize("encoding", ["rope", "t5"])  # fused attention; a score hook
-def test_training_flops_are_within_a_fifth_of_those_counted_in_a_step(encoding):
+def test_training_flops_are_within_a_quarter_of_those_counted_in_a_step(encoding):
     cfg = posbench.compose([f"encoding={encoding}", *STEP])
     model = posbench.build_model(cfg)
     x = torch.randint(0, 256, (4, 256))
