@@ -519,9 +519,9 @@ def run_verb(verb: str, rest: list) -> None:
         _job_errors.clear()
         if dry:
             dry_run(rest, named)
-            return
-        sys.argv = ["posbench", *hydra_argv(rest, named)]
-        train_app()
+        else:
+            sys.argv = ["posbench", *hydra_argv(rest, named)]
+            train_app()
         if _job_errors:
             sys.exit(max(_job_errors))
     elif verb == "eval":
