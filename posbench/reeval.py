@@ -17,6 +17,7 @@ from posbench.evaluate import evaluate
 from posbench.loggers import make_logger, run_group
 from posbench.resolvers import summary
 from posbench.results import load_results, print_curve, results_record, write_results
+from posbench.retrieval import evaluate_retrieval, plan_passkeys
 from posbench.train import finished_results, prepare_run, trained_model
 
 
@@ -93,7 +94,10 @@ def reevaluate(cfg: DictConfig, run_dir: Path) -> Optional[dict]:
     loaded.require_corpus(data)
     model = loaded.model
     curve = evaluate(model, data, cfg.eval, device, cfg.train.seq_len)
-    record = results_record(cfg, model, data, curve, train=trained["train"])
+    passkeys = plan_passkeys(cfg, data)
+    retrieval = (evaluate_retrieval(model, passkeys, cfg.eval, cfg.train.seq_len, device)
+                 if cfg.eval.retrieval.enabled else None)
+    record = results_record(cfg, model, data, curve, train=trained["train"], retrieval=retrieval)
     record["evaluated_from"] = str(run_dir / CHECKPOINT)
     record["rescore"] = {"tag": tag, "label": label, "changes": changes}
     write_results(run_dir, record, name=name, original=trained)

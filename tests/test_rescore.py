@@ -150,3 +150,17 @@ def test_changes_are_read_against_the_runs_config_with_keys_it_predates():
     assert change_label(changes) == "lengths=[128,4096], rope_scaling=yarn"
     assert change_tag(changes).startswith("lengths-128-4096-")
     assert change_tag(changes).endswith("_rope_scaling-yarn")
+
+
+def test_a_rescore_scores_passkey_retrieval_when_asked(sweep, monkeypatch, capsys):
+    _, _, rope, *_ = sweep
+    asked = ["eval.retrieval.enabled=true", "eval.retrieval.trials=1",
+             "eval.retrieval.key_tokens=4", "eval.retrieval.lengths=[64]",
+             "eval.retrieval.depths=[0.5]"]
+    proc = run_in_process(["eval", str(rope), *asked], monkeypatch, capsys)
+    assert proc.returncode == 0, proc.stderr
+    (path,) = rope.glob("results.eval-retrieval.enabled-true*.json")
+    grid = json.loads(path.read_text())["eval"]["retrieval"]["grid"]
+    assert [(cell["length"], cell["depth"]) for cell in grid] == [(64, 0.5)]
+    assert (rope / path.name.replace("results", "retrieval_heatmap").replace(".json", ".png")
+            ).stat().st_size > 0
