@@ -1,8 +1,11 @@
 """Compare runs: a table (markdown + CSV, label by eval length) and one plot of every curve.
 
 Runs are grouped by encoding and by every config key that differs between them (a swept key),
-except the seed: seeds of one group are averaged, with a 95% Student-t interval of the mean.
-Task datasets add exact-match accuracy. Runs that failed, or left no results.json, are listed.
+except the seed: seeds of one group are averaged, with a 95% Student-t interval of the mean, and
+a second run with a seed its group already has is a repeat, counted once. Each re-score
+(results.eval-*.json) is a group of its own, labelled by what it changed and drawn over the
+curve it re-scored. Task datasets add exact-match accuracy. Runs that failed, were interrupted,
+were refused at their start or left no results.json are listed. docs/design.md, "The report".
 """
 from __future__ import annotations
 
