@@ -19,7 +19,7 @@ from typing import List, Tuple
 
 import torch
 
-from posbench.config import ConfigError
+from posbench.errors import CheckpointError
 from posbench.io import atomic_path, write_text
 
 CHECKPOINT = "checkpoint.pt"
@@ -63,6 +63,6 @@ def load_checkpoint(path: Path) -> dict:
         return torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
     except (OSError, ValueError, RuntimeError, pickle.UnpicklingError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ConfigError(f"checkpoint {path} is corrupt or unreadable ({reason}); expected one "
+        raise CheckpointError(f"checkpoint {path} is corrupt or unreadable ({reason}); expected one "
                           f"written by posbench with its {digests.name}: delete {path.name}* to "
                           "train from step 0 (nothing was overwritten)") from None

@@ -23,7 +23,8 @@ from omegaconf import DictConfig, OmegaConf
 import posbench
 from posbench import distributed
 from posbench.checkpoint import CHECKPOINT
-from posbench.config import ConfigError, check, to_container
+from posbench.config import check, to_container
+from posbench.errors import ConfigError, PosbenchError, one_line
 from posbench.io import write_json, write_text
 from posbench.resolvers import SWEPT
 from posbench.results import REFUSED, RESULTS, load_results
@@ -123,7 +124,7 @@ def train_app(cfg: DictConfig) -> None:
     so that a sweep goes on."""
     from posbench.estimate import available_memory, describe, estimate, eval_warning, gib, refusal
     from posbench.loggers import wandb_group
-    from posbench.train import RunFailed, finished, one_line, plan_run, resolve_device, train
+    from posbench.train import RunFailed, finished, plan_run, resolve_device, train
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
@@ -148,7 +149,7 @@ def train_app(cfg: DictConfig) -> None:
             if warning:
                 print(f"posbench: warning: {warning}")
         start = plan_run(cfg, run_dir)
-    except ConfigError as err:
+    except PosbenchError as err:
         if multirun:
             _record_refusal(run_dir, err)
         else:
@@ -170,7 +171,7 @@ def train_app(cfg: DictConfig) -> None:
         # wandb: the runs of a sweep share its group; each run is named like its dir
         train(cfg, run_dir, group=wandb_group(run_dir.parent if multirun else run_dir),
               name=run_dir.name, start=start)
-    except ConfigError as err:
+    except PosbenchError as err:
         _job_error(err, 2)
     except RunFailed as err:
         _job_error(err, 1)
@@ -196,7 +197,7 @@ def eval_app(cfg: DictConfig) -> None:
             return
         check(cfg)
         reevaluate(cfg, run_dir)
-    except ConfigError as err:
+    except PosbenchError as err:
         _job_error(err, 2)
 
 
@@ -502,7 +503,7 @@ def main() -> None:
     try:
         with honour_ctrl_c():
             run_verb(verb, rest)
-    except ConfigError as err:
+    except PosbenchError as err:
         fail(err)
     except KeyboardInterrupt as err:  # Ctrl-C: one line (a started run says what it kept)
         print(f"posbench: interrupted{': ' + str(err) if str(err) else ''}", file=sys.stderr)

@@ -14,9 +14,7 @@ from typing import Any, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-
-class ConfigError(ValueError):
-    """Bad user input: printed as one line, exit code 2, nothing written."""
+from posbench.errors import ConfigError
 
 
 @dataclass

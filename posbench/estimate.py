@@ -67,11 +67,11 @@ def _processed_tokens(eval_cfg, length: int) -> int:
 
 def estimate(cfg, world_size: int = 1) -> Estimate:
     """The estimate of a checked config (no data read: the model is built on the meta device)."""
-    import posbench
     from posbench.evaluate import with_train_length
+    from posbench.model import build_model
 
     with torch.device("meta"):
-        model = posbench.build_model(cfg)
+        model = build_model(cfg)
     params = model.num_params()
     weights = params - sum(p.numel() for p in model.encoding.parameters())
     hooks = any(getattr(model.encoding, hook) is not None

@@ -22,11 +22,11 @@ import torch
 from omegaconf import OmegaConf
 
 from posbench.attention import BLOCK_ELEMENTS, attention_probs
-from posbench.config import ConfigError
+from posbench.errors import ConfigError
 from posbench.data import prepare
 from posbench.data.windows import eval_plan
 from posbench.io import write_json
-from posbench.report import pyplot, save_figure
+from posbench.plots import pyplot, save_figure
 from posbench.train import resolve_device, trained_model
 
 TABLE = "encoding.tables.0"  # the learned absolute table (encoding=learned), rows x D

@@ -60,7 +60,7 @@ class WandbLogger:
         try:
             import wandb
         except ImportError:
-            from posbench.config import ConfigError
+            from posbench.errors import ConfigError
 
             raise ConfigError("logger=wandb is not available: the wandb package is not "
                               "installed; expected `pip install 'posbench[wandb]'` or logger=none")

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posbench.attention import CausalSelfAttention
-from posbench.encodings import PositionalEncoding, positions_for
+from posbench.encodings import Dims, PositionalEncoding, build_encoding, positions_for
 
 
 class MLP(nn.Module):
@@ -91,3 +91,14 @@ class GPT(nn.Module):
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def build_model(cfg: DictConfig, vocab_size: Optional[int] = None):
+    """The GPT with the config's encoding. vocab_size defaults to the dataset tokenizer's."""
+    from posbench.data import vocab_size as dataset_vocab
+
+    m = cfg.model
+    dims = Dims(n_layer=m.n_layer, n_head=m.n_head, d_model=m.d_model,
+                train_len=cfg.train.seq_len, max_len=max([cfg.train.seq_len, *cfg.eval.lengths]))
+    return GPT(vocab_size or dataset_vocab(cfg.dataset), m.n_layer, m.n_head, m.d_model,
+               m.mlp_ratio, build_encoding(cfg, dims))

@@ -12,7 +12,8 @@ from typing import Any, Dict, Optional
 from omegaconf import DictConfig
 
 from posbench.checkpoint import CHECKPOINT
-from posbench.config import ConfigError, EvalConfig, flatten, to_container
+from posbench.config import EvalConfig, flatten, to_container
+from posbench.errors import ConfigError
 from posbench.evaluate import evaluate
 from posbench.loggers import make_logger, run_group
 from posbench.resolvers import summary

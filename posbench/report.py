@@ -13,18 +13,18 @@ import csv
 import hashlib
 import io
 import math
-import textwrap
 from collections import defaultdict
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-import numpy as np
 from hydra.experimental.callback import Callback
 
-from posbench.config import ConfigError, flatten
-from posbench.io import atomic_path, write_text
+from posbench.config import flatten
+from posbench.errors import ConfigError
+from posbench.io import write_text
 from posbench import retrieval
 from posbench.parity import UNDER_TRAINED, Gap, parity_gaps
+from posbench.plots import METRICS, plot_curves
 from posbench.reeval import change_label, eval_changes, override_text
 from posbench.results import REFUSED, RESULTS, load_results, rescore_label
 
@@ -34,7 +34,6 @@ IGNORED_KEYS = ("seed", "dataset.cache_dir", "logger.")
 T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
        2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060,
        2.056, 2.052, 2.048, 2.045, 2.042)
-METRICS = {"ppl": ("perplexity", True), "accuracy": ("exact-match accuracy", False)}
 BAND = "95% interval of the mean over seeds (Student t)"
 RESCORE_PREFIX = "results.eval-"  # the re-scores of posbench eval (posbench/reeval.py)
 VALUE_CHARS = 16  # a longer value is cut in a group label
@@ -42,155 +41,6 @@ VALUE_CHARS = 16  # a longer value is cut in a group label
 
 def t95(df: int) -> float:
     return T95[df - 1] if df <= len(T95) else 1.96 + 2.4 / df  # within 0.002 beyond 30
-
-
-def pyplot():
-    """matplotlib.pyplot on the file-only Agg backend (no display needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-LEGEND_ENTRIES = 20  # more curves than this: the legend names the first and counts the rest
-LEGEND_CHARS = 48  # a longer legend label is cut (summary.md has it whole)
-
-
-def _figure():
-    plt = pyplot()
-    return plt, *plt.subplots(figsize=(7, 4.5))
-
-
-def save_figure(plt, fig, path: Path) -> None:
-    # tight: the saved image grows to hold a legend outside the axes and a long title
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120, format="png", bbox_inches="tight")
-    plt.close(fig)
-
-
-def plain_number(value: float) -> str:
-    """A tick label without powers: 3.5, 128, 2048."""
-    return str(int(round(value))) if abs(value - round(value)) < 1e-9 else f"{value:.3g}"
-
-
-def log_ticks(lo: float, hi: float) -> List[float]:
-    """Three to eight round values between lo and hi for a log axis: 1-2-5 and finer steps of
-    each decade, or, when the range holds fewer, evenly spaced values of two significant digits."""
-    decades = range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
-    for mantissas in ((1,), (1, 3), (1, 2, 5), (1, 1.5, 2, 3, 5, 7), tuple(range(1, 10))):
-        ticks = [m * 10.0 ** k for k in decades for m in mantissas if lo <= m * 10.0 ** k <= hi]
-        if 3 <= len(ticks) <= 8:
-            return ticks
-        if len(ticks) > 8:
-            break
-    step = float(f"{(hi - lo) / 4:.1g}")
-    return [round(v, 10) for v in np.arange(math.ceil(lo / step) * step, hi, step)]
-
-
-def _plain_axes(ax, lengths: List[int], log_y: bool) -> None:
-    """Ticks at the evaluated lengths (at most 12) and, on a log y axis, at round values; all
-    labelled as plain numbers."""
-    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
-
-    lengths = sorted(set(lengths))
-    every = math.ceil(len(lengths) / 12)
-    ax.xaxis.set_major_locator(FixedLocator(lengths[::every]))
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: plain_number(v)))
-    if log_y:
-        ax.yaxis.set_major_locator(FixedLocator(log_ticks(*ax.get_ylim())))
-        ax.yaxis.set_minor_locator(NullLocator())
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: plain_number(v)))
-
-
-def _legend(ax) -> None:
-    """Outside the axes, so that curves keep the whole plot; a long list is cut with a count."""
-    from matplotlib.lines import Line2D
-
-    handles, labels = ax.get_legend_handles_labels()
-    labels = [text if len(text) <= LEGEND_CHARS else text[:LEGEND_CHARS - 1] + "…"
-              for text in labels]
-    if len(handles) > LEGEND_ENTRIES:
-        more = len(handles) - LEGEND_ENTRIES + 1
-        handles = handles[:LEGEND_ENTRIES - 1] + [Line2D([], [], linestyle="none")]
-        labels = labels[:LEGEND_ENTRIES - 1] + [f"and {more} more (summary.md)"]
-    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8,
-              frameon=False)
-
-
-def plot_curves(series: Dict[str, List[Tuple[int, float, Optional[float]]]], train_len: int,
-                path: Path, title: str = "", band_label: str = "", metric: str = "ppl",
-                gaps: Optional[Dict[str, Gap]] = None,
-                base_of: Optional[Dict[str, str]] = None) -> None:
-    """A metric (METRICS) against length, one line per label, optional +-band, the training
-    length marked. With `gaps`, each label shows its parity gap and an under-trained curve is
-    dashed. `base_of` maps a re-score's label to its original's: drawn dotted in the original's
-    colour, so that each overlays the curve it re-scored. Written atomically."""
-    ylabel, log_y = METRICS[metric]
-    plt, fig, ax = _figure()
-    gaps, base_of = gaps or {}, base_of or {}
-    colours = plt.get_cmap("tab10" if len(series) - len(base_of) <= 10 else "tab20").colors
-    colour_of: Dict[str, tuple] = {}
-    markers = "osD^vP*X"
-    lengths = []
-    # first: a legend cut short still names it
-    ax.axvline(train_len, color="gray", linestyle="--", label=f"train length {train_len}")
-    for label, points in series.items():
-        if not points:
-            continue
-        xs, ys, bands = zip(*sorted(points))
-        lengths += xs
-        base = base_of.get(label)
-        if base is None:
-            colour = colour_of.setdefault(label, colours[len(colour_of) % len(colours)])
-            gap = gaps.get(label)
-            text = label if gap is None else f"{label} ({gap.cell()} at L)"
-            style = dict(linestyle="--" if gap is not None and gap.under_trained else "-",
-                         marker="o")
-        else:
-            colour = colour_of.get(base) or colour_of.setdefault(
-                base, colours[len(colour_of) % len(colours)])
-            text = label
-            siblings = [other for other, its in base_of.items() if its == base]
-            style = dict(linestyle=":", marker=markers[1 + siblings.index(label) % 7])
-        ax.plot(xs, ys, label=text, color=colour, **style)
-        if all(b is not None for b in bands):
-            ax.fill_between(xs, [y - b for y, b in zip(ys, bands)],
-                            [y + b for y, b in zip(ys, bands)], color=colour, alpha=0.2)
-    ax.set_xscale("log", base=2)
-    if log_y:
-        ax.set_yscale("log")
-    else:
-        ax.set_ylim(-0.02, 1.02)
-    _plain_axes(ax, lengths + [train_len], log_y)
-    ax.set_xlabel("evaluation length (tokens)")
-    ax.set_ylabel(ylabel)
-    ax.set_title("\n".join(textwrap.fill(line, 70) for line in
-                           (title + (f"\nshaded: {band_label}" if band_label else "")).split("\n")),
-                 fontsize=10)
-    ax.grid(True, which="major", alpha=0.3)
-    _legend(ax)
-    save_figure(plt, fig, path)
-
-
-def plot_per_position(curve: List[dict], train_len: int, path: Path, title: str = "") -> None:
-    """Mean loss by position in the window, one line per evaluation length."""
-    plt, fig, ax = _figure()
-    for point in curve:
-        bins = point.get("per_position")
-        if bins:
-            xs = [(s + e + 1) / 2 for s, e in zip(bins["start"], bins["end"])]
-            ax.plot(xs, bins["loss"], marker=".", label=f"length {point['length']}")
-    ax.axvline(train_len, color="gray", linestyle="--", label=f"train length {train_len}")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("position in the window (tokens of context)")
-    ax.set_ylabel("mean loss (nats)")
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    save_figure(plt, fig, path)
 
 
 def find_runs(root: Path) -> Tuple[List[dict], List[dict]]:

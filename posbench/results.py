@@ -8,12 +8,13 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-import posbench
 from posbench.config import EvalConfig, to_container
 from posbench.data.windows import scored_block
 from posbench.io import write_json, write_text
 from posbench.parity import ppl_at
 from posbench.retrieval import ppl_effective_length
+from posbench.plots import plot_curves, plot_per_position
+from posbench.version import __version__
 
 RESULTS = "results.json"
 # in a sweep's job dir that was refused at its start and holds nothing else: the reason
@@ -47,7 +48,7 @@ def results_record(cfg, model, data, curve: List[dict], train: dict,
                  "curve": curve,
                  "retrieval": retrieval},
         "notes": model.encoding.notes(),
-        "version": posbench.__version__,
+        "version": __version__,
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "config": to_container(cfg),
     }
@@ -91,7 +92,6 @@ def write_results(run_dir: Path, record: dict, name: str = RESULTS,
     """results.json, curve.csv, ppl_vs_length.png, per_position.csv and .png, and for a task
     accuracy_vs_length.png; `name` lets re-scores sit beside, and their plots overlay the
     `original` results' curve."""
-    from posbench.report import plot_curves, plot_per_position
     from posbench.retrieval import plot_heatmap
 
     stem = Path(name).stem.replace("results", "", 1)

@@ -28,11 +28,13 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from posbench.config import ConfigError, EvalConfig, RetrievalConfig
+from posbench.config import EvalConfig, RetrievalConfig
+from posbench.errors import ConfigError
 from posbench.data.tokenize import Tokenizer
 from posbench.encodings.base import EVAL_OPTIONS
 from posbench.evaluate import is_oom, with_train_length
 from posbench.progress import Bar
+from posbench.plots import pyplot, save_figure
 
 ALNUM = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 SAMPLE = 1 << 24  # validation tokens read to find which letter and digit tokens occur
@@ -331,7 +333,6 @@ def _bits_range(records) -> float:
 
 def plot_heatmap(retrieval: dict, train_len: int, path, title: str = "") -> None:
     """retrieval_heatmap.png: bits saved and exact match, depth by length."""
-    from posbench.report import pyplot, save_figure
 
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
@@ -389,7 +390,6 @@ def report_lines(runs: List[dict], labels: dict) -> List[str]:
 def plot_grid(runs: List[dict], labels: dict, path) -> bool:
     """retrieval_grid.png: one bits-saved heatmap per group (its first seed's run), side by side
     on one colour scale. False, and nothing written, when no run was scored on retrieval."""
-    from posbench.report import pyplot, save_figure
 
     first = {}
     for i, run in enumerate(runs):

@@ -21,15 +21,15 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-import posbench
 from posbench import distributed
 from posbench.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
-from posbench.config import ConfigError, flatten, to_container
+from posbench.config import flatten, to_container
+from posbench.errors import CheckpointError, ConfigError, one_line
 from posbench.data import prepare
 from posbench.data.tasks import IGNORE
 from posbench.data.tokens import TokenData
@@ -37,10 +37,12 @@ from posbench.data.windows import check_train_len, eval_plan, train_batch
 from posbench.evaluate import evaluate, with_train_length
 from posbench.io import FileLock, LockHeld, write_json
 from posbench.loggers import NoLogger, make_logger
+from posbench.model import build_model
 from posbench.progress import Bar
 from posbench.results import RESULTS, load_results, print_curve, results_record, write_results
 from posbench.trainlog import LOSS_PLOT, METRICS, MetricsLog, Validation, plot_losses
 from posbench.retrieval import Passkeys, evaluate_retrieval, mixer, plan_passkeys
+from posbench.version import __version__
 
 # config keys that change neither the weights nor the training loss: they may differ on resume
 RESUME_FREE = ("eval.", "logger.", "train.resume", "train.ckpt_every", "dataset.cache_dir")
@@ -212,7 +214,7 @@ def plan_run(cfg: DictConfig, run_dir: Path) -> Start:
         device, data = prepare_run(cfg)
         passkeys = plan_passkeys(cfg, data)
         torch.manual_seed(cfg.seed)
-        model = posbench.build_model(cfg, data.vocab_size)
+        model = build_model(cfg, data.vocab_size)
         state = None
         if (run_dir / CHECKPOINT).exists():
             state = load_checkpoint(run_dir / CHECKPOINT)
@@ -226,10 +228,11 @@ def plan_run(cfg: DictConfig, run_dir: Path) -> Start:
 
 def check_resumable(cfg: DictConfig, state: dict, path: Path, data: TokenData, model) -> None:
     """Refuses a checkpoint of another version, config or corpus; loads its weights."""
-    if state["posbench"] != posbench.__version__:
-        raise ConfigError(f"run dir {str(path.parent)!r} holds {path.name} of posbench "
-                          f"{state['posbench']}; expected one of posbench {posbench.__version__} "
-                          "to resume, or a new run dir (nothing was overwritten)")
+    if state["posbench"] != __version__:
+        raise CheckpointError(f"run dir {str(path.parent)!r} holds {path.name} of posbench "
+                              f"{state['posbench']}; expected one of posbench "
+                              f"{__version__} to resume, or a new run dir (nothing was "
+                              "overwritten)")
     require_same_run(cfg, state["config"], path)
     require_same_corpus(state["dataset"], path, data, "the same corpus to resume, or a new run "
                         "dir (nothing was overwritten)")
@@ -269,13 +272,13 @@ def trained_model(run_dir: Path, device="cpu") -> Trained:
     path = Path(run_dir) / CHECKPOINT
     state = load_checkpoint(path)
     config = OmegaConf.create(state["config"])
-    model = posbench.build_model(config, state["vocab_size"])
+    model = build_model(config, state["vocab_size"])
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as err:  # a checkpoint of another posbench version's model
         raise ConfigError(f"{path} does not fit the model of its config "
                           f"({' '.join(str(err).split())[:200]}); expected a checkpoint of "
-                          f"posbench {posbench.__version__}") from None
+                          f"posbench {__version__}") from None
     return Trained(model.to(device).eval(), config, path, state["dataset"])
 
 
@@ -382,7 +385,7 @@ def fit(cfg: DictConfig, start: Start, run_dir: Path, logger, progress: Progress
                                                for key, value in row.items()}}, step=done)
         if save and distributed.is_main():
             save_checkpoint(run_dir / CHECKPOINT, {
-                "posbench": posbench.__version__, "config": to_container(cfg),
+                "posbench": __version__, "config": to_container(cfg),
                 "dataset": data.fingerprint, "vocab_size": data.vocab_size, "step": done,
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "rng": rng_state(device), "window": losses[:n].cpu(), "final_loss": final_loss,
@@ -397,11 +400,6 @@ def fit(cfg: DictConfig, start: Start, run_dir: Path, logger, progress: Progress
     return {"seq_len": t.seq_len, "steps": t.steps, "tokens": tokens_per_step * t.steps,
             "final_loss": final_loss, "tokens_per_second": tokens_per_step * t.steps / wall,
             "wall_seconds": wall, "resumed_from_step": first}
-
-
-def one_line(err: BaseException) -> str:
-    text = " ".join(str(err).split())
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def record_failure(cfg: DictConfig, start: Start, run_dir: Path, progress: Progress,
@@ -476,3 +474,22 @@ def run_started(cfg: DictConfig, run_dir: Path, group: str, name: str,
                       for k, v in record["eval"]["effective_length"].items()}})
     print_curve(record)
     return record
+
+
+@dataclass
+class Run:
+    """A finished run, as posbench.load_run reads it from its run dir."""
+    model: torch.nn.Module  # the trained model, in eval mode
+    config: DictConfig  # the config it was trained with
+    results: dict  # its results.json
+    run_dir: Path
+
+
+def load_run(run_dir: Union[str, Path], device: Union[str, torch.device] = "cpu") -> Run:
+    """The trained model of a finished run dir (`posbench train`'s hydra.run.dir, or a sweep's
+    job dir) on `device`, with its config and results. Refused in one line: ConfigError for a
+    run dir that holds no finished run, CheckpointError for a checkpoint that fails its digest."""
+    run_dir = Path(run_dir)
+    results = finished_results(run_dir)
+    trained = trained_model(run_dir, device)
+    return Run(trained.model, trained.config, results, run_dir)

@@ -20,6 +20,7 @@ from posbench.config import EvalConfig
 from posbench.data.windows import eval_plan
 from posbench.encodings.base import EVAL_OPTIONS
 from posbench.io import write_text
+from posbench.plots import pyplot, save_figure
 
 METRICS = "metrics.csv"
 LOSS_PLOT = "loss_vs_step.png"
@@ -86,7 +87,6 @@ class Validation:
 
 def plot_losses(metrics: Path, path: Path, title: str) -> None:
     """Training loss, and validation loss where measured, against the step."""
-    from posbench.report import pyplot, save_figure
 
     rows = read_metrics(metrics)
     plt = pyplot()

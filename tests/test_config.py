@@ -3,7 +3,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 import posbench
-from posbench.config import ConfigError
+from posbench.errors import ConfigError
 
 
 def test_compose_defaults():

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import posbench
-from posbench.config import ConfigError
+from posbench.errors import ConfigError
 from posbench.data import prepare
 from posbench.data.corpora import pystdlib
 from posbench.data.tokens import is_validation, read_token_dir

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import posbench
-from posbench.config import ConfigError
+from posbench.errors import ConfigError, DataUnavailable
 from posbench.data import prepare, tokenize
 from posbench.data.corpora import CORPORA
 from posbench.data.hub import wikitext_articles
@@ -128,11 +128,11 @@ def test_unreachable_hub_is_one_line_naming_the_local_alternative(tmp_path, monk
     from posbench.data import hub
 
     monkeypatch.setattr(hub, "_reachable", lambda url: False)
-    with pytest.raises(ConfigError, match="cannot be reached.*dataset.path=") as err:
+    with pytest.raises(DataUnavailable, match="cannot be reached.*dataset.path=") as err:
         prepare(dataset_cfg(tmp_path, "dataset=wikitext103"))
     assert "\n" not in str(err.value) and "dataset=text" in str(err.value)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    with pytest.raises(ConfigError, match="could not be loaded.*dataset.path="):
+    with pytest.raises(DataUnavailable, match="could not be loaded.*dataset.path="):
         prepare(dataset_cfg(tmp_path, "dataset=pg19", "dataset.hub=posbench-tests/absent"))
 
 

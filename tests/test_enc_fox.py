@@ -171,7 +171,7 @@ def test_inspect_reads_the_gates_too():
 
     model = build()
     idx = torch.randint(0, 64, (3, 32), generator=torch.Generator().manual_seed(0))
-    mass = lag_mass(model, idx)  # (layers, H, lags): every query's probabilities sum to 1
+    mass = lag_mass(model, idx)[0]  # (layers, H, lags): every query's probabilities sum to 1
     torch.testing.assert_close(mass.sum(-1), torch.full((2, 4), 3.0 * 32, dtype=torch.float64))
 
 

@@ -9,7 +9,7 @@ import torch
 from omegaconf import OmegaConf
 
 import posbench
-from posbench.config import ConfigError
+from posbench.errors import ConfigError
 from posbench.data.windows import eval_plan
 from posbench.evaluate import bin_positions, evaluate
 from helpers import posbench_cli, results

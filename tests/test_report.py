@@ -177,21 +177,21 @@ def test_the_headline_is_the_mean_log_ppl_growth_past_the_training_length(tmp_pa
 
 
 def test_plots_keep_the_legend_outside_with_plain_ticks_for_many_groups(tmp_path, monkeypatch):
-    import posbench.report as report
+    import posbench.plots as plots
 
     saved = {}
-    monkeypatch.setattr(report, "save_figure", lambda plt, fig, path: saved.update(fig=fig))
+    monkeypatch.setattr(plots, "save_figure", lambda plt, fig, path: saved.update(fig=fig))
     series = {f"encoding_{i} [lr=0.00{i}, seq_len=128]": [(128, 126.6 + i, None), (256, 140.0, None),
                                                           (2048, 161.0 + i, None)]
               for i in range(30)}
-    report.plot_curves(series, 128, tmp_path / "p.png", title="perplexity vs length " * 8)
+    plots.plot_curves(series, 128, tmp_path / "p.png", title="perplexity vs length " * 8)
     fig = saved["fig"]
     fig.canvas.draw()
     ax = fig.axes[0]
     legend = ax.get_legend()
     assert legend.get_window_extent().x0 >= ax.get_window_extent().x1  # beside the axes
     texts = [t.get_text() for t in legend.get_texts()]
-    assert len(texts) == report.LEGEND_ENTRIES and texts[-1] == "and 12 more (summary.md)"
+    assert len(texts) == plots.LEGEND_ENTRIES and texts[-1] == "and 12 more (summary.md)"
     ticks = [t.get_text() for t in ax.get_xticklabels() + ax.get_yticklabels()]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["128", "256", "2048"]
     assert all(t.replace(".", "").isdigit() for t in ticks), ticks

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 import posbench
 from posbench.checkpoint import load_checkpoint, save_checkpoint
 from posbench.cli import main
-from posbench.config import ConfigError
+from posbench.errors import CheckpointError, ConfigError
 from posbench.data.tokens import write_token_dir
 from posbench.io import write_json
 from conftest import TOY
@@ -86,7 +86,7 @@ def test_load_run_refuses_an_unfinished_run_or_a_corrupt_checkpoint_in_one_line(
     blob[-100] ^= 0xFF
     (copy / "checkpoint.pt").write_bytes(bytes(blob))
     before = files(copy)
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(CheckpointError) as err:
         posbench.load_run(copy)
     assert str(err.value).startswith(f"checkpoint {copy / 'checkpoint.pt'} is corrupt")
     assert "sha256 mismatch" in str(err.value) and "\n" not in str(err.value)

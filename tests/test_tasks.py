@@ -5,7 +5,7 @@ import torch
 from omegaconf import OmegaConf
 
 import posbench
-from posbench.config import ConfigError
+from posbench.errors import ConfigError
 from posbench.data import prepare, vocab_size
 from posbench.data.tasks import IGNORE, BOS, FIRST, PAD, PLUS, SEP, TASKS, task_data
 from posbench.data.windows import check_train_len, eval_windows, train_batch

@@ -8,7 +8,7 @@ import hashlib
 from pathlib import Path
 from typing import Union
 
-from posbench.config import ConfigError
+from posbench.errors import ConfigError
 from posbench.data.corpora import CORPORA
 from posbench.data.tasks import TASKS, TaskData, task_data
 from posbench.data.tokenize import TOKENIZERS, Tokenizer

@@ -8,7 +8,7 @@ import sysconfig
 from pathlib import Path
 from typing import Callable, Dict
 
-from posbench.config import ConfigError
+from posbench.errors import ConfigError
 from posbench.data.documents import Corpus, files_corpus, local_files
 from posbench.data.hub import openwebtext, pg19, wikitext103
 from posbench.data.tasks import TASKS

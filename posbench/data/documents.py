@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, List, Optional, Tuple
 
-from posbench.config import ConfigError
+from posbench.errors import ConfigError
 
 Document = Tuple[str, Optional[str], bytes]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, List, Optional, Tuple
 from urllib.parse import urlparse
 
-from posbench.config import ConfigError
+from posbench.errors import ConfigError, DataUnavailable
 from posbench.data.documents import Corpus, Document, file_digest, local_files
 
 TABLES = (".parquet", ".jsonl", ".json", ".arrow")
@@ -121,13 +121,13 @@ def _hub(dataset_cfg, to_documents) -> Corpus:
                "text files, or HF_DATASETS_OFFLINE=1 to read a cached download")
     # without this check, `datasets` retries an unreachable hub for half a minute
     if not datasets.config.HF_HUB_OFFLINE and not _reachable(ENDPOINT):
-        raise ConfigError(f"dataset={name} comes from the Hugging Face hub ({hub}), which cannot "
+        raise DataUnavailable(f"dataset={name} comes from the Hugging Face hub ({hub}), which cannot "
                           f"be reached from here; {instead}")
     try:
         loaded = datasets.load_dataset(hub, dataset_cfg.get("hub_config"))
     except (ConnectionError, datasets.exceptions.DatasetNotFoundError) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"dataset={name} could not be loaded from the Hugging Face hub "
+        raise DataUnavailable(f"dataset={name} could not be loaded from the Hugging Face hub "
                           f"({reason}); {instead}") from None
     splits = {HUB_SPLITS[s]: loaded[s] for s in loaded if s in HUB_SPLITS}
     if "val" not in splits:  # OpenWebText has a train split only: split it by document

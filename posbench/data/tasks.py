@@ -15,7 +15,7 @@ from typing import Dict, Tuple
 
 import numpy as np
 
-from posbench.config import ConfigError
+from posbench.errors import ConfigError
 
 PAD, BOS, SEP, PLUS = 0, 1, 2, 3
 FIRST = 4  # a task's symbols come after these

@@ -14,7 +14,7 @@ from typing import Iterable, Tuple
 
 import numpy as np
 
-from posbench.config import ConfigError
+from posbench.errors import ConfigError
 from posbench.data.documents import file_digest
 from posbench.io import write_failed
 

@@ -11,7 +11,7 @@ from typing import Callable, Optional, Tuple
 import numpy as np
 import torch
 
-from posbench.config import ConfigError
+from posbench.errors import ConfigError
 from posbench.data.tasks import TaskData
 
 

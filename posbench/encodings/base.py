@@ -148,7 +148,7 @@ def registry() -> Dict[str, Entry]:
 
 
 def encoding_class(enc_cfg: DictConfig) -> type:
-    from posbench.config import ConfigError
+    from posbench.errors import ConfigError
 
     if "_target_" in enc_cfg:  # a user's own encoding from outside the package
         from hydra.utils import get_class
@@ -167,7 +167,7 @@ def encoding_class(enc_cfg: DictConfig) -> type:
 
 def encoding_config(run_cfg: DictConfig):
     """The typed config object of the run's encoding, checked against its dataclass and ranges."""
-    from posbench.config import ConfigError
+    from posbench.errors import ConfigError
 
     enc_cfg = run_cfg.encoding
     cls = encoding_class(enc_cfg)

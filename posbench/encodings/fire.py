@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from posbench.config import ConfigError
+from posbench.errors import ConfigError
 from posbench.encodings.base import (EncodingConfig, PositionalEncoding, longest_lag,
                                     relative_lag, register)
 

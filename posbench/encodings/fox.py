@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posbench.config import ConfigError
+from posbench.errors import ConfigError
 from posbench.encodings.base import EncodingConfig, PositionalEncoding, register
 
 

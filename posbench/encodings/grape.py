@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posbench.config import ConfigError
+from posbench.errors import ConfigError
 from posbench.encodings.alibi import alibi_slopes
 from posbench.encodings.base import EncodingConfig, PositionalEncoding, relative_lag, register
 from posbench.encodings.rope import rope_inv_freq

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from posbench.config import ConfigError
+from posbench.errors import ConfigError
 from posbench.encodings.base import EncodingConfig, PositionalEncoding, register
 
 NORM_BY = ("none", "n", "L")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from posbench.config import ConfigError
+from posbench.errors import ConfigError
 from posbench.encodings.base import EncodingConfig, PositionalEncoding, register, registry
 
 HOOKS = ("embed", "rotate", "score_mod", "row_mod", "value_mod")

@@ -11,7 +11,7 @@ from typing import Tuple
 
 import torch
 
-from posbench.config import ConfigError
+from posbench.errors import ConfigError
 from posbench.encodings.base import EncodingConfig, PositionalEncoding, register
 
 # YaRN's bounds in turns per training window, beta_fast and beta_slow of its released code: pairs

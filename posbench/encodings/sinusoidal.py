@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import torch
 
-from posbench.config import ConfigError
+from posbench.errors import ConfigError
 from posbench.encodings.base import EncodingConfig, PositionalEncoding, register
 from posbench.encodings.rope import rope_inv_freq
 

@@ -1,0 +1,26 @@
+"""What posbench tells its user in one line, with exit code 2 and nothing written, named by what
+went wrong. The command line catches PosbenchError; every other exception is a bug or a failure
+of a started run, recorded as such."""
+from __future__ import annotations
+
+
+class PosbenchError(Exception):
+    """Input or state that posbench cannot use."""
+
+
+class ConfigError(PosbenchError, ValueError):
+    """A config value, command-line argument or run dir that is not accepted."""
+
+
+class CheckpointError(PosbenchError):
+    """A checkpoint that is corrupt, of another posbench version, or of another run."""
+
+
+class DataUnavailable(PosbenchError):
+    """A dataset that cannot be reached or loaded (the hub offline, a source that fails)."""
+
+
+def one_line(err: BaseException) -> str:
+    """`Type: message` with the message's whitespace folded onto one line."""
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
