@@ -364,8 +364,13 @@ def report_lines(runs: List[dict], labels: dict) -> List[str]:
              "| encoding | by ppl | by retrieval |", "|---|---:|---:|"]
     for label, members in groups.items():
         found = [r["eval"].get("effective_length", {}) for r in members]
+        # by ppl from the curve itself, so that runs recorded without the field count too
+        by_ppl = [ppl_effective_length(r["eval"]["curve"], r["train"]["seq_len"],
+                                       r.get("config", {}).get("eval", {}).get(
+                                           "ppl_tolerance", EvalConfig.ppl_tolerance))
+                  for r in members]
         scored = all(r["eval"].get("retrieval") for r in members)
-        lines.append(f"| {label} | {_values([e.get('ppl') for e in found])} | "
+        lines.append(f"| {label} | {_values(by_ppl)} | "
                      + (_values([e.get("retrieval") for e in found]) if scored else "—") + " |")
     scored = {label: [r["eval"]["retrieval"] for r in members if r["eval"].get("retrieval")]
               for label, members in groups.items()}
