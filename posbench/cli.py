@@ -2,6 +2,7 @@
 --cfg job, --help, hydra.run.dir); `report` and `list` are plain commands."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import select
@@ -24,7 +25,8 @@ import posbench
 from posbench import distributed
 from posbench.checkpoint import CHECKPOINT
 from posbench.config import check, to_container
-from posbench.errors import ConfigError, PosbenchError, one_line
+from posbench import config as config_module
+from posbench.errors import ConfigError, PosbenchError, did_you_mean, one_line
 from posbench.io import write_json, write_text
 from posbench.resolvers import SWEPT
 from posbench.results import REFUSED, RESULTS, load_results
@@ -229,12 +231,16 @@ def _composition_error(err: Exception) -> ConfigError:
     missing = re.search(r"Could not find '([^']+)/([^']+)'", msg)
     if missing:
         options = re.findall(r"^\t(\S+)$", msg, flags=re.M)
-        return ConfigError(f"{missing[1]}={missing[2]!r} is not accepted; expected one of: "
+        return ConfigError(f"{missing[1]}={missing[2]!r} is not accepted"
+                           f"{did_you_mean(missing[2], options)}; expected one of: "
                            + ", ".join(options))
     unknown = re.search(r"Key '([^']+)' not in '(\w+)'.*?full_key: (\S+)", msg, flags=re.S)
     if unknown:
+        schema = getattr(config_module, unknown[2], None)
+        known = [f.name for f in dataclasses.fields(schema)] if dataclasses.is_dataclass(schema) else []
         return ConfigError(f"{unknown[3]} is not a config key; {unknown[1]!r} is not in "
-                           f"{unknown[2]} (see `posbench train --cfg job` for the keys)")
+                           f"{unknown[2]}{did_you_mean(unknown[1], known)} (see `posbench train "
+                           "--cfg job` for the keys)")
     lines = [line.strip() for line in msg.splitlines() if line.strip()]
     why = next((line for line in lines[1:] if not line.startswith(("full_key", "reference_type",
                                                                      "object_type"))), "")

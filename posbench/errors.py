@@ -20,6 +20,14 @@ class DataUnavailable(PosbenchError):
     """A dataset that cannot be reached or loaded (the hub offline, a source that fails)."""
 
 
+def did_you_mean(value: str, options) -> str:
+    """' (did you mean 'alibi'?)' for the closest option to a misspelt value, else ''."""
+    import difflib
+
+    close = difflib.get_close_matches(str(value), [str(o) for o in options], n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def one_line(err: BaseException) -> str:
     """`Type: message` with the message's whitespace folded onto one line."""
     text = " ".join(str(err).split())

@@ -5,6 +5,8 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 import posbench
 from posbench.errors import ConfigError
 
+from helpers import run_in_process
+
 
 def test_compose_defaults():
     cfg = posbench.compose([])
@@ -55,3 +57,13 @@ def test_bad_values_name_the_key(override, key):
 def test_non_integer_length_fails():
     with pytest.raises((ConfigCompositionException, ValidationError, ConfigKeyError)):
         posbench.compose(["eval.lengths=[1.5]"])
+
+
+@pytest.mark.parametrize("override,suggestion", [("encoding=alibj", "'alibi'"),
+                                                 ("model=tinny", "'tiny'"),
+                                                 ("train.stpes=3", "'steps'")])
+def test_a_misspelt_value_or_key_is_refused_with_the_closest_option(override, suggestion,
+                                                                   monkeypatch, capsys):
+    proc = run_in_process(["train", override], monkeypatch, capsys)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert f"(did you mean {suggestion}?)" in proc.stderr

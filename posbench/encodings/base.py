@@ -31,6 +31,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from torch import nn
 
+from posbench.errors import ConfigError, did_you_mean
+
 FAMILIES = ("none", "absolute", "rotary", "group", "bias", "contextual")
 # the eval.* keys that evaluate() passes to set_eval_options, in its argument order
 EVAL_OPTIONS = ("rope_scaling", "logn_scaling", "rope_scaling_factor", "randomized_positions")
@@ -148,7 +150,6 @@ def registry() -> Dict[str, Entry]:
 
 
 def encoding_class(enc_cfg: DictConfig) -> type:
-    from posbench.errors import ConfigError
 
     if "_target_" in enc_cfg:  # a user's own encoding from outside the package
         from hydra.utils import get_class
@@ -160,14 +161,14 @@ def encoding_class(enc_cfg: DictConfig) -> type:
         return cls
     name = enc_cfg.get("name")
     if name not in _REGISTRY:
-        raise ConfigError(f"encoding={name!r} is not accepted; expected one of: "
+        raise ConfigError(f"encoding={name!r} is not accepted{did_you_mean(name, _REGISTRY)}; "
+                          "expected one of: "
                           + ", ".join(sorted(_REGISTRY)))
     return _REGISTRY[name].cls
 
 
 def encoding_config(run_cfg: DictConfig):
     """The typed config object of the run's encoding, checked against its dataclass and ranges."""
-    from posbench.errors import ConfigError
 
     enc_cfg = run_cfg.encoding
     cls = encoding_class(enc_cfg)
