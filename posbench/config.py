@@ -14,7 +14,7 @@ from typing import Any, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from posbench.errors import ConfigError
+from posbench.errors import ConfigError, require
 
 
 @dataclass
@@ -155,13 +155,8 @@ def register_schemas() -> None:
     ConfigStore.instance().store(name="posbench_schema", node=Config)
 
 
-def _require(ok: bool, key: str, value: Any, accepted: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key}={value!r} is not accepted; expected {accepted}")
-
-
 def _positive(key: str, value: Any) -> None:
-    _require(isinstance(value, int) and not isinstance(value, bool) and value > 0,
+    require(isinstance(value, int) and not isinstance(value, bool) and value > 0,
              key, value, "a positive integer")
 
 
@@ -182,11 +177,11 @@ def _no_extra_keys(node: DictConfig, schema: type, prefix: str = "") -> None:
 def _check_stride(eval_cfg, lengths: List[int]) -> None:
     stride = eval_cfg.stride
     if stride is None:
-        _require(eval_cfg.protocol != "sliding", "eval.stride", stride,
+        require(eval_cfg.protocol != "sliding", "eval.stride", stride,
                  "a positive integer with eval.protocol=sliding (tokens scored per window)")
         return
     _positive("eval.stride", stride)
-    _require(stride <= min(lengths), "eval.stride", stride,
+    require(stride <= min(lengths), "eval.stride", stride,
              f"at most the shortest eval length {min(lengths)}")
 
 
@@ -194,40 +189,40 @@ def _check_rope_scaling_factor(eval_cfg) -> None:
     factor = eval_cfg.get("rope_scaling_factor")  # absent from runs saved before it existed
     if factor is None:
         return
-    _require(eval_cfg.rope_scaling != "none", "eval.rope_scaling_factor", factor,
+    require(eval_cfg.rope_scaling != "none", "eval.rope_scaling_factor", factor,
              "null with eval.rope_scaling=none (nothing is scaled)")
-    _require(math.isfinite(factor) and factor > 1, "eval.rope_scaling_factor", factor,
+    require(math.isfinite(factor) and factor > 1, "eval.rope_scaling_factor", factor,
              "a finite number > 1 (the static scale s; dynamic_ntk's alpha), or null (dynamic)")
 
 
 def _check_retrieval(cfg) -> None:
     # runs saved before these keys existed take their defaults
     tolerance = cfg.eval.get("ppl_tolerance", EvalConfig.ppl_tolerance)
-    _require(math.isfinite(tolerance) and tolerance >= 0, "eval.ppl_tolerance", tolerance,
+    require(math.isfinite(tolerance) and tolerance >= 0, "eval.ppl_tolerance", tolerance,
              "a finite number >= 0")
     mix = cfg.train.get("retrieval_mix", 0.0)
-    _require(0 <= mix < 1, "train.retrieval_mix", mix,
+    require(0 <= mix < 1, "train.retrieval_mix", mix,
              "a fraction in [0, 1) (the share of training sequences that are passkeys)")
     task = cfg.dataset.name.startswith("task_")
-    _require(mix == 0 or not task, "train.retrieval_mix", mix,
+    require(mix == 0 or not task, "train.retrieval_mix", mix,
              f"0 for dataset={cfg.dataset.name} (passkeys are planted in text)")
     r = OmegaConf.merge(OmegaConf.structured(RetrievalConfig), cfg.eval.get("retrieval", {}))
     for key in ("key_tokens", "keys", "trials"):
         _positive(f"eval.retrieval.{key}", r[key])
     for n in r.lengths or []:
         _positive("eval.retrieval.lengths", n)
-    _require(len(r.depths) > 0, "eval.retrieval.depths", list(r.depths),
+    require(len(r.depths) > 0, "eval.retrieval.depths", list(r.depths),
              "a non-empty list of depths in [0, 1]")
     for depth in r.depths:
-        _require(0 <= depth <= 1, "eval.retrieval.depths", depth,
+        require(0 <= depth <= 1, "eval.retrieval.depths", depth,
                  "depths in [0, 1] (0: the key at the start of the filler, 1: at its end)")
-    _require(r.metric in RETRIEVAL_METRICS, "eval.retrieval.metric", r.metric,
+    require(r.metric in RETRIEVAL_METRICS, "eval.retrieval.metric", r.metric,
              f"one of {RETRIEVAL_METRICS}")
-    _require(math.isfinite(r.threshold) and (r.metric == "bits_saved" or 0 < r.threshold <= 1),
+    require(math.isfinite(r.threshold) and (r.metric == "bits_saved" or 0 < r.threshold <= 1),
              "eval.retrieval.threshold", r.threshold,
              "a fraction in (0, 1] with metric exact_match" if r.metric == "exact_match"
              else "a finite number (bits saved per key token)")
-    _require(not r.enabled or not task, "eval.retrieval.enabled", r.enabled,
+    require(not r.enabled or not task, "eval.retrieval.enabled", r.enabled,
              f"false for dataset={cfg.dataset.name} (its tasks report exact match already)")
 
 
@@ -246,50 +241,50 @@ def check(cfg: DictConfig) -> None:
     m = cfg.model
     for key in ("n_layer", "n_head", "d_model", "mlp_ratio"):
         _positive(f"model.{key}", m[key])
-    _require(m.d_model % m.n_head == 0, "model.d_model", m.d_model,
+    require(m.d_model % m.n_head == 0, "model.d_model", m.d_model,
              f"a multiple of model.n_head={m.n_head}")
     for key in ("seq_len", "steps", "batch_size", "log_every"):
         _positive(f"train.{key}", cfg.train[key])
-    _require(cfg.train.ckpt_every >= 0, "train.ckpt_every", cfg.train.ckpt_every,
+    require(cfg.train.ckpt_every >= 0, "train.ckpt_every", cfg.train.ckpt_every,
              "an integer >= 0 (0: a checkpoint only at the end)")
     val_every = cfg.train.get("val_every", 0)  # absent from runs saved before it existed
-    _require(val_every >= 0, "train.val_every", val_every,
+    require(val_every >= 0, "train.val_every", val_every,
              "an integer >= 0 (0: no validation during training)")
-    _require(cfg.train.lr > 0, "train.lr", cfg.train.lr, "a positive number")
-    _require(cfg.train.position_lr_mult > 0, "train.position_lr_mult",
+    require(cfg.train.lr > 0, "train.lr", cfg.train.lr, "a positive number")
+    require(cfg.train.position_lr_mult > 0, "train.position_lr_mult",
              cfg.train.position_lr_mult, "a positive number")
-    _require(0 <= cfg.train.warmup_steps, "train.warmup_steps", cfg.train.warmup_steps,
+    require(0 <= cfg.train.warmup_steps, "train.warmup_steps", cfg.train.warmup_steps,
              "an integer >= 0")
     lengths = list(cfg.eval.lengths)
-    _require(len(lengths) > 0, "eval.lengths", lengths, "a non-empty list of positive integers")
+    require(len(lengths) > 0, "eval.lengths", lengths, "a non-empty list of positive integers")
     for n in lengths:
         _positive("eval.lengths", n)
     _positive("eval.tokens", cfg.eval.tokens)
     _positive("eval.batch_tokens", cfg.eval.batch_tokens)
-    _require(cfg.eval.protocol in PROTOCOLS, "eval.protocol", cfg.eval.protocol, f"one of {PROTOCOLS}")
+    require(cfg.eval.protocol in PROTOCOLS, "eval.protocol", cfg.eval.protocol, f"one of {PROTOCOLS}")
     _check_stride(cfg.eval, lengths)
-    _require(cfg.eval.protocol == "nonoverlapping" or not cfg.dataset.name.startswith("task_"),
+    require(cfg.eval.protocol == "nonoverlapping" or not cfg.dataset.name.startswith("task_"),
              "eval.protocol", cfg.eval.protocol,
              f"nonoverlapping for dataset={cfg.dataset.name} (each window is one task instance)")
-    _require(cfg.dataset.tokenizer in TOKENIZERS, "dataset.tokenizer", cfg.dataset.tokenizer,
+    require(cfg.dataset.tokenizer in TOKENIZERS, "dataset.tokenizer", cfg.dataset.tokenizer,
              f"one of {sorted(TOKENIZERS)}")
-    _require(cfg.dataset.name != "text" or cfg.dataset.path, "dataset.path", cfg.dataset.path,
+    require(cfg.dataset.name != "text" or cfg.dataset.path, "dataset.path", cfg.dataset.path,
              "a file, folder or glob of text files for dataset=text")
-    _require(cfg.eval.rope_scaling in ROPE_SCALINGS, "eval.rope_scaling", cfg.eval.rope_scaling,
+    require(cfg.eval.rope_scaling in ROPE_SCALINGS, "eval.rope_scaling", cfg.eval.rope_scaling,
              f"one of {ROPE_SCALINGS}")
-    _require(cfg.eval.rope_scaling == "none" or encoding_class(cfg.encoding).rotary,
+    require(cfg.eval.rope_scaling == "none" or encoding_class(cfg.encoding).rotary,
              "eval.rope_scaling", cfg.eval.rope_scaling,
              f"'none' for encoding={cfg.encoding.get('name')}, which does not rotate q and k")
     _check_rope_scaling_factor(cfg.eval)
     positions = cfg.eval.get("randomized_positions", EvalConfig.randomized_positions)
-    _require(positions in RANDOMIZED_POSITIONS, "eval.randomized_positions", positions,
+    require(positions in RANDOMIZED_POSITIONS, "eval.randomized_positions", positions,
              f"one of {RANDOMIZED_POSITIONS}")
-    _require(not cfg.eval.logn_scaling or cfg.train.seq_len > 1, "eval.logn_scaling",
+    require(not cfg.eval.logn_scaling or cfg.train.seq_len > 1, "eval.logn_scaling",
              cfg.eval.logn_scaling, "false when train.seq_len=1 (kappa divides by log L)")
     _check_retrieval(cfg)
-    _require(cfg.device in DEVICES, "device", cfg.device, f"one of {DEVICES}")
-    _require(cfg.logger.name in LOGGERS, "logger.name", cfg.logger.name, f"one of {LOGGERS}")
-    _require(cfg.logger.mode in LOGGER_MODES, "logger.mode", cfg.logger.mode, f"one of {LOGGER_MODES}")
+    require(cfg.device in DEVICES, "device", cfg.device, f"one of {DEVICES}")
+    require(cfg.logger.name in LOGGERS, "logger.name", cfg.logger.name, f"one of {LOGGERS}")
+    require(cfg.logger.mode in LOGGER_MODES, "logger.mode", cfg.logger.mode, f"one of {LOGGER_MODES}")
     encoding_config(cfg)  # validates the encoding's own keys and ranges
 
 

@@ -20,6 +20,12 @@ class DataUnavailable(PosbenchError):
     """A dataset that cannot be reached or loaded (the hub offline, a source that fails)."""
 
 
+def require(ok: bool, key: str, value, accepted: str) -> None:
+    """ConfigError `key=value is not accepted; expected <accepted>` unless ok."""
+    if not ok:
+        raise ConfigError(f"{key}={value!r} is not accepted; expected {accepted}")
+
+
 def did_you_mean(value: str, options) -> str:
     """' (did you mean 'alibi'?)' for the closest option to a misspelt value, else ''."""
     import difflib

@@ -28,18 +28,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posbench.errors import ConfigError
+from posbench.errors import require
 from posbench.encodings.alibi import alibi_slopes
 from posbench.encodings.base import EncodingConfig, PositionalEncoding, relative_lag, register
 from posbench.encodings.rope import rope_inv_freq
 
 PLANES = ("learned", "canonical")
 GATES = ("query_key", "query", "key", "none")
-
-
-def _require(ok, key, value, accepted):
-    if not ok:
-        raise ConfigError(f"{key}={value!r} is not accepted; expected {accepted}")
 
 
 def turn(x: torch.Tensor, frame: Optional[torch.Tensor], cos: torch.Tensor,
@@ -81,12 +76,12 @@ class GrapeM(PositionalEncoding):
 
     @classmethod
     def check(cls, cfg, run_cfg):
-        _require(cfg.planes in PLANES, "encoding.planes", cfg.planes, f"one of {PLANES}")
-        _require(cfg.base > 1, "encoding.base", cfg.base, "a number > 1")
-        _require(cfg.log_freq_scale > 0, "encoding.log_freq_scale", cfg.log_freq_scale,
+        require(cfg.planes in PLANES, "encoding.planes", cfg.planes, f"one of {PLANES}")
+        require(cfg.base > 1, "encoding.base", cfg.base, "a number > 1")
+        require(cfg.log_freq_scale > 0, "encoding.log_freq_scale", cfg.log_freq_scale,
                  "a number > 0")
         head_dim = run_cfg.model.d_model // run_cfg.model.n_head
-        _require(head_dim % 2 == 0, "model.d_model/model.n_head", head_dim,
+        require(head_dim % 2 == 0, "model.d_model/model.n_head", head_dim,
                  "an even head dimension (the planes pair its coordinates)")
 
     def __init__(self, cfg, dims):
@@ -163,8 +158,8 @@ class GrapeA(PositionalEncoding):
 
     @classmethod
     def check(cls, cfg, run_cfg):
-        _require(cfg.gate in GATES, "encoding.gate", cfg.gate, f"one of {GATES}")
-        _require(cfg.omega_init > 0, "encoding.omega_init", cfg.omega_init, "a number > 0")
+        require(cfg.gate in GATES, "encoding.gate", cfg.gate, f"one of {GATES}")
+        require(cfg.omega_init > 0, "encoding.omega_init", cfg.omega_init, "a number > 0")
 
     def __init__(self, cfg, dims):
         super().__init__(cfg, dims)
