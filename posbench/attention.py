@@ -62,16 +62,16 @@ def bound_hooks(q, k, pos, encoding, layer, x=None):
     """The encoding's score_mod, row_mod and value_mod bound to these q, k and positions (and to
     the attention's input x where the encoding reads it), each None where the encoding has no
     such hook."""
-    if encoding.score_mod is None:
-        score_mod = None
-    elif encoding.reads_input:
+    inputs = {}
+    if encoding.reads_input:
         if x is None:
-            raise ValueError(f"{type(encoding).__name__}'s score_mod reads the attention's input: "
+            hook = "score_mod" if encoding.score_mod is not None else "row_mod"
+            raise ValueError(f"{type(encoding).__name__}'s {hook} reads the attention's input: "
                              "pass x")
-        score_mod = encoding.score_mod(q, k, pos, layer, x=x)
-    else:
-        score_mod = encoding.score_mod(q, k, pos, layer)
-    row_mod = (functools.partial(encoding.row_mod, q=q, pos=pos, layer=layer)
+        inputs = {"x": x}
+    score_mod = (encoding.score_mod(q, k, pos, layer, **inputs)
+                 if encoding.score_mod is not None else None)
+    row_mod = (functools.partial(encoding.row_mod, q=q, k=k, pos=pos, layer=layer, **inputs)
                if encoding.row_mod is not None else None)
     value_mod = (functools.partial(encoding.value_mod, pos=pos, layer=layer)
                  if encoding.value_mod is not None else None)

@@ -97,7 +97,7 @@ def test_counts_under_bf16_autocast_keep_fp32_precision():
     q_idx, kv_idx = torch.arange(T).view(1, 1, T, 1), torch.arange(T).view(1, 1, 1, T)
     logits = masked((q.float() @ k.float().transpose(-1, -2) / math.sqrt(d)).bfloat16())
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        term = enc.row_mod(logits, q, None, 1, q_idx, kv_idx).double() - logits.double()
+        term = enc.row_mod(logits, q, k, None, 1, q_idx, kv_idx).double() - logits.double()
     gates = torch.sigmoid(logits.double())
     counts = (gates.sum(-1, keepdim=True) - gates.cumsum(-1) + gates).clamp(0, 63)
     emb = enc.pos_emb[1].detach()

@@ -12,9 +12,10 @@ and never branch on its name. A hook left as None does nothing:
                                          fn runs inside FlexAttention on CUDA and on broadcast
                                          index tensors in the blockwise CPU path. An encoding
                                          with reads_input also gets x=, the attention's input
-- row_mod(logits, q, pos, layer, q_idx, kv_idx) -> logits
+- row_mod(logits, q, k, pos, layer, q_idx, kv_idx) -> logits
                                          rewrite whole masked rows of logits (needs the row, so it
-                                         always takes the blockwise path)
+                                         always takes the blockwise path); q and k are the whole
+                                         (B, H, T, d) heads; with reads_input also x=
 - value_mod(probs, pos, layer, q_idx, kv_idx) -> (B, H, Tq, d) added to the attention output
 
 `pos` is always a (B, T) long tensor. `q_idx`/`kv_idx` index the sequence, never positions: read
@@ -72,8 +73,9 @@ class PositionalEncoding(nn.Module):
     # score_mod(score, ...) is score + a bias that does not read `score`: the CPU path then
     # evaluates the bias on zeros and runs fused SDPA with it as a float mask
     additive_score_mod: ClassVar[bool] = False
-    # score_mod(q, k, pos, layer, x=x) also receives the attention's input x (B, T, D), after the
-    # block's LayerNorm: for biases computed from the tokens themselves (FoX's forget gate)
+    # score_mod(q, k, pos, layer, x=x) and row_mod(..., x=x) also receive the attention's input
+    # x (B, T, D), after the block's LayerNorm: for terms computed from the tokens themselves
+    # (FoX's forget gate)
     reads_input: ClassVar[bool] = False
 
     positions: Optional[Callable] = None

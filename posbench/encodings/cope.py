@@ -53,7 +53,7 @@ class CoPE(PositionalEncoding):
         # one table per layer shared by the heads, zero init: training starts position-blind
         self.pos_emb = nn.Parameter(torch.zeros(dims.n_layer, dims.head_dim, cfg.p_max))
 
-    def row_mod(self, logits, q, pos, layer, q_idx, kv_idx):
+    def row_mod(self, logits, q, k, pos, layer, q_idx, kv_idx):
         # counts in fp32 at least: a bf16 running sum of gates drifts by tenths of a position
         # (its spacing is 0.25 between 32 and 64), and the interpolation weight is the fraction
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
