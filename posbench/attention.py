@@ -36,15 +36,16 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, pos: torch.Tensor, encoding) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.heads(x, pos, encoding)
-        y = attend(q, k, v, pos, encoding, self.layer, x)
+        y = attend(q, k, v, pos, *encoding.at_layer(self.layer), x)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
     def heads(self, x: torch.Tensor, pos: torch.Tensor, encoding):
         """q, k, v (B, H, T, d) as the attention sees them: rotated and log-n scaled."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
+        encoding, layer = encoding.at_layer(self.layer)  # this layer's own, in a layer pattern
         if encoding.rotate is not None:
-            q, k = encoding.rotate(q, k, pos, self.layer)
+            q, k = encoding.rotate(q, k, pos, layer)
         if encoding.logn_scaling:  # eval.logn_scaling: kappa_i * q_i scales row i's logits
             q = q * logn_scale(T, encoding.dims.train_len, q.device).to(q.dtype)
         return q, k, v

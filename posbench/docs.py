@@ -13,7 +13,10 @@ PROBE = Dims(n_layer=2, n_head=4, d_model=64, train_len=64, max_len=128)
 
 
 def where_applied(module) -> str:
-    return ", ".join(place for hook, place in HOOK_PLACES if getattr(module, hook) is not None) or "—"
+    # a layer pattern acts through the encodings of its layers
+    layers = [module.at_layer(i)[0] for i in range(PROBE.n_layer)] + [module]
+    return ", ".join(place for hook, place in HOOK_PLACES
+                     if any(getattr(m, hook) is not None for m in layers)) or "—"
 
 
 def learned_parameters(module) -> str:

@@ -67,8 +67,9 @@ class GPT(nn.Module):
             pos = enc.positions(pos)
         x = self.tok_emb(idx)
         for i, block in enumerate(self.blocks):
-            if enc.embed is not None:
-                x = enc.embed(x, pos, i)
+            layer_enc, layer = enc.at_layer(i)
+            if layer_enc.embed is not None:
+                x = layer_enc.embed(x, pos, layer)
             x = block(x, pos, enc)
         return self.ln_f(x)
 

@@ -37,6 +37,8 @@ FACTOR = {
     # a CoPE count adds up to 63 in gates, each moved by its logit's rounding: <= 3.1 (counted
     # in bf16: >= 7.8)
     "contextual": 5.0,
+    # layer patterns of the above: the registered ones mix rotary and NoPE layers
+    "hybrid": 1.5,
 }
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Dict, Optional
+from typing import Callable, ClassVar, Dict, Optional, Tuple
 
 import torch
 from hydra.core.config_store import ConfigStore
@@ -34,7 +34,7 @@ from torch import nn
 
 from posbench.errors import ConfigError, did_you_mean
 
-FAMILIES = ("none", "absolute", "rotary", "group", "bias", "contextual")
+FAMILIES = ("none", "absolute", "rotary", "group", "bias", "contextual", "hybrid")
 # the eval.* keys that evaluate() passes to set_eval_options, in its argument order
 EVAL_OPTIONS = ("rope_scaling", "logn_scaling", "rope_scaling_factor", "randomized_positions")
 
@@ -119,6 +119,11 @@ class PositionalEncoding(nn.Module):
     def check(cls, cfg, run_cfg: DictConfig) -> None:
         """Raise ConfigError for values this encoding cannot use. `cfg` is the typed encoding
         config, `run_cfg` the whole composed config (model, train, eval)."""
+
+    def at_layer(self, layer: int) -> Tuple["PositionalEncoding", int]:
+        """The encoding whose hooks act at model layer `layer`, and the layer index they receive:
+        itself and `layer`, but for a composition (`layers`) that gives each layer its own."""
+        return self, layer
 
 
 @dataclass(frozen=True)
