@@ -204,7 +204,7 @@ def eval_app(cfg: DictConfig) -> None:
 
 
 def list_components() -> None:
-    from posbench.data.corpora import CORPORA
+    from posbench import data
     from posbench.encodings import registry
 
     conf = Path(posbench.__file__).parent / "conf"
@@ -212,9 +212,8 @@ def list_components() -> None:
     for name, entry in registry().items():
         print(f"  {name:<18} {entry.cls.family:<10} {entry.description}")
     print("datasets (dataset=NAME):")
-    for path in sorted((conf / "dataset").glob("*.yaml")):
-        print(f"  {path.stem:<18} {_first_comment(path)}")
-    assert set(CORPORA) >= {p.stem for p in (conf / "dataset").glob("*.yaml")}
+    for name, entry in data.registry().items():
+        print(f"  {name:<18} {entry.description}")
     print("models (model=NAME):")
     for path in sorted((conf / "model").glob("*.yaml")):
         print(f"  {path.stem:<18} {_first_comment(path)}")

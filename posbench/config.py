@@ -14,6 +14,7 @@ from typing import Any, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from posbench.data import check_dataset, dataset_class
 from posbench.errors import ConfigError, require
 
 
@@ -23,25 +24,6 @@ class ModelConfig:
     n_head: int = 4
     d_model: int = 128
     mlp_ratio: int = 4
-
-
-@dataclass
-class DatasetConfig:
-    name: str = "pystdlib"
-    # byte (no files needed) or gpt2 (BPE from local files; see posbench/data/tokenize.py)
-    tokenizer: str = "byte"
-    # folder with the GPT-2 vocab.json + merges.txt; unset: the Hugging Face or tiktoken cache
-    tokenizer_path: Optional[str] = None
-    val_fraction: float = 0.05
-    # local files instead of the built-in or hub source (file, folder or glob)
-    path: Optional[str] = None
-    # a Hugging Face hub dataset and its config name (wikitext103, pg19, openwebtext)
-    hub: Optional[str] = None
-    hub_config: Optional[str] = None
-    # score the validation documents as one stream, back to back, as WikiText papers do;
-    # evaluation windows then cross document boundaries
-    val_stream: bool = False
-    cache_dir: str = "${oc.env:POSBENCH_CACHE,${oc.env:HOME}/.cache/posbench}"
 
 
 @dataclass
@@ -133,7 +115,8 @@ class LoggerConfig:
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     encoding: Any = MISSING
-    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    # a registered dataset's own config (posbench/data/base.py), checked by check_dataset
+    dataset: Any = MISSING
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
@@ -203,7 +186,7 @@ def _check_retrieval(cfg) -> None:
     mix = cfg.train.get("retrieval_mix", 0.0)
     require(0 <= mix < 1, "train.retrieval_mix", mix,
              "a fraction in [0, 1) (the share of training sequences that are passkeys)")
-    task = cfg.dataset.name.startswith("task_")
+    task = not dataset_class(cfg.dataset).text
     require(mix == 0 or not task, "train.retrieval_mix", mix,
              f"0 for dataset={cfg.dataset.name} (passkeys are planted in text)")
     r = OmegaConf.merge(OmegaConf.structured(RetrievalConfig), cfg.eval.get("retrieval", {}))
@@ -229,7 +212,6 @@ def _check_retrieval(cfg) -> None:
 def check(cfg: DictConfig) -> None:
     """Checks types (also of configs that did not come through the schema, such as a saved run's),
     ranges, choices, and the encoding's own values."""
-    from posbench.data.tokenize import TOKENIZERS
     from posbench.encodings.base import encoding_class, encoding_config
 
     try:
@@ -263,13 +245,6 @@ def check(cfg: DictConfig) -> None:
     _positive("eval.batch_tokens", cfg.eval.batch_tokens)
     require(cfg.eval.protocol in PROTOCOLS, "eval.protocol", cfg.eval.protocol, f"one of {PROTOCOLS}")
     _check_stride(cfg.eval, lengths)
-    require(cfg.eval.protocol == "nonoverlapping" or not cfg.dataset.name.startswith("task_"),
-             "eval.protocol", cfg.eval.protocol,
-             f"nonoverlapping for dataset={cfg.dataset.name} (each window is one task instance)")
-    require(cfg.dataset.tokenizer in TOKENIZERS, "dataset.tokenizer", cfg.dataset.tokenizer,
-             f"one of {sorted(TOKENIZERS)}")
-    require(cfg.dataset.name != "text" or cfg.dataset.path, "dataset.path", cfg.dataset.path,
-             "a file, folder or glob of text files for dataset=text")
     require(cfg.eval.rope_scaling in ROPE_SCALINGS, "eval.rope_scaling", cfg.eval.rope_scaling,
              f"one of {ROPE_SCALINGS}")
     require(cfg.eval.rope_scaling == "none" or encoding_class(cfg.encoding).rotary,
@@ -285,6 +260,7 @@ def check(cfg: DictConfig) -> None:
     require(cfg.device in DEVICES, "device", cfg.device, f"one of {DEVICES}")
     require(cfg.logger.name in LOGGERS, "logger.name", cfg.logger.name, f"one of {LOGGERS}")
     require(cfg.logger.mode in LOGGER_MODES, "logger.mode", cfg.logger.mode, f"one of {LOGGER_MODES}")
+    check_dataset(cfg)  # the dataset's own keys and ranges
     encoding_config(cfg)  # validates the encoding's own keys and ranges
 
 

@@ -30,6 +30,7 @@ from omegaconf import OmegaConf
 
 from posbench.config import EvalConfig, RetrievalConfig
 from posbench.errors import ConfigError
+from posbench.data.base import dataset_config
 from posbench.data.tokenize import Tokenizer
 from posbench.encodings.base import EVAL_OPTIONS
 from posbench.evaluate import is_oom, with_train_length
@@ -60,7 +61,7 @@ class Passkeys:
     """Builds passkey sequences in the run's tokenizer from the run's corpus."""
 
     def __init__(self, data, dataset_cfg):
-        tokenizer = Tokenizer(dataset_cfg)
+        tokenizer = Tokenizer(dataset_config(dataset_cfg))
         if tokenizer.bpe is None:
             self.encode = lambda text: np.frombuffer(text.encode(), dtype=np.uint8).astype(np.int64)
             symbols = np.frombuffer(ALNUM, dtype=np.uint8).astype(np.int64)

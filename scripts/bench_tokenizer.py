@@ -22,7 +22,7 @@ import resource
 import time
 
 import posbench
-from posbench.data.corpora import CORPORA
+from posbench.data import build_dataset
 from posbench.data.tokenize import Tokenizer
 
 
@@ -54,7 +54,7 @@ def main(argv=None) -> dict:
         overrides.append(f"dataset.tokenizer_path={args.tokenizer_path}")
     cfg = posbench.compose(overrides).dataset
     docs, size = [], 0
-    for _, _, doc in CORPORA[args.dataset](cfg).documents():
+    for _, _, doc in build_dataset(cfg).documents().read():
         if size >= args.megabytes * 1e6:
             break
         docs.append(doc)

@@ -5,15 +5,14 @@ import pytest
 
 import posbench
 from posbench.errors import ConfigError
-from posbench.data import prepare
-from posbench.data.corpora import pystdlib
+from posbench.data import build_dataset, prepare
 from posbench.data.tokens import is_validation, read_token_dir
 from posbench.data.windows import check_train_len, eval_windows, train_batch
 
 
 def test_stdlib_corpus_is_split_by_file_and_fingerprinted(stdlib_data):
     cfg = posbench.compose([]).dataset
-    docs = [(key, doc) for key, _, doc in pystdlib(cfg).documents()]
+    docs = [(key, doc) for key, _, doc in build_dataset(cfg).documents().read()]
     val = [d for k, d in docs if is_validation(k, cfg.val_fraction)]
     train = [d for k, d in docs if not is_validation(k, cfg.val_fraction)]
     assert len(stdlib_data.train_docs) - 1 == len(train) and len(stdlib_data.val_docs) - 1 == len(val)

@@ -17,8 +17,7 @@ import pytest
 
 import posbench
 from posbench.errors import ConfigError, DataUnavailable
-from posbench.data import prepare, tokenize
-from posbench.data.corpora import CORPORA
+from posbench.data import build_dataset, prepare, tokenize
 from posbench.data.hub import wikitext_articles
 from posbench.data.tokenize import TIKTOKEN_URL, GPT2BPE, gpt2_files
 from helpers import posbench_cli
@@ -340,7 +339,7 @@ def test_tokenizer_bench_counts_the_reference_tokens(tmp_path, capsys):
     bench = runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "bench_tokenizer.py"))
     result = bench["main"](["--tokenizer-path", str(tmp_path / "bpe"), "--megabytes", "0.05"])
     cfg = posbench.compose([]).dataset
-    docs = itertools.islice((d for _, _, d in CORPORA["pystdlib"](cfg).documents()),
+    docs = itertools.islice((d for _, _, d in build_dataset(cfg).documents().read()),
                             result["documents"])
     texts = [d.decode("utf-8", errors="replace") for d in docs]
     assert result["bytes"] == sum(len(t.encode()) for t in texts) >= 50_000

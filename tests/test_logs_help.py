@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import posbench
+from posbench import data
 from posbench.config import EvalConfig
 from posbench.encodings import registry
 from posbench.progress import Bar
@@ -65,7 +66,8 @@ def test_train_help_is_posbenchs_and_names_every_option(tmp_path):
     assert out.startswith("posbench train [overrides]:") and "powered by Hydra" not in out
     groups = dict(re.findall(r"^(\w+): (.+)$", out, flags=re.M))
     assert groups["encoding"].split(", ") == sorted(registry())
-    for group in ("dataset", "model", "logger", "experiment"):
+    assert groups["dataset"].split(", ") == sorted(data.registry())
+    for group in ("model", "logger", "experiment"):
         assert groups[group].split(", ") == sorted(p.stem for p in (CONF / group).glob("*.yaml"))
     for key in ("encoding", "model", "dataset", "seed", "device", "train.seq_len", "train.steps",
                 "train.batch_size", "train.lr", "eval.lengths", "eval.tokens", "eval.protocol",

@@ -1,4 +1,6 @@
 """Synthetic tasks: what each instance means, seeding, and exact-match accuracy in evaluate()."""
+import hashlib
+
 import numpy as np
 import pytest
 import torch
@@ -6,11 +8,18 @@ from omegaconf import OmegaConf
 
 import posbench
 from posbench.errors import ConfigError
-from posbench.data import prepare, vocab_size
-from posbench.data.tasks import IGNORE, BOS, FIRST, PAD, PLUS, SEP, TASKS, task_data
+from posbench.data import prepare, registry, vocab_size
+from posbench.data.tasks import IGNORE, BOS, FIRST, PAD, PLUS, SEP, Task
 from posbench.data.windows import check_train_len, eval_windows, train_batch
 from posbench.evaluate import evaluate
 from helpers import posbench_cli, results
+
+
+TASKS = [name for name, entry in registry().items() if issubclass(entry.cls, Task)]
+
+
+def task_data(name):
+    return prepare(OmegaConf.create({"name": name}))
 
 
 def instance(tokens, answers):
@@ -19,7 +28,19 @@ def instance(tokens, answers):
     return tokens[start:], np.flatnonzero(answers[start:])
 
 
-@pytest.mark.parametrize("name", sorted(TASKS))
+def test_every_task_is_registered_and_keeps_its_fingerprint():
+    """The data's name in results.json, which a resume and a re-score compare: the task's name,
+    its generator and its parameters, as recorded since the first version of the tasks."""
+    assert TASKS == ["task_addition", "task_copy", "task_induction", "task_recall", "task_reverse"]
+    spec = {"task_addition": "Addition(symbols=10)", "task_copy": "Copy(symbols=16)",
+            "task_induction": "Induction(symbols=16)", "task_recall": "Recall(symbols=16, keys=1024)",
+            "task_reverse": "Reverse(symbols=16)"}
+    for name in TASKS:
+        digest = hashlib.sha256(f"{name},{spec[name]},version=1".encode()).hexdigest()
+        assert task_data(name).fingerprint == f"sha256:{digest}"
+
+
+@pytest.mark.parametrize("name", TASKS)
 def test_eval_instances_fill_the_length_and_are_the_same_for_every_run(name):
     data = task_data(name)
     tokens, answers = data.eval_instances(64, 640)

@@ -1,9 +1,11 @@
-"""Documents: what every corpus gives, and the local files a `dataset.path` names.
+"""Documents: what every text corpus gives (posbench/data/corpus.py), and the local files a
+`dataset.path` names.
 
-A corpus gives `identity`, (name, sha256 digest) pairs that change whenever its documents do and
-are cheap to get (file contents, a hub dataset's fingerprint): they name the token cache. And
-`documents()`, which streams (key, split, bytes): split is "train" or "val" where the source fixes
-it (a hub dataset's own splits), None where posbench splits by the key (posbench/data/tokens.py).
+A corpus's documents have an `identity`, (name, sha256 digest) pairs that change whenever the
+documents do and are cheap to get (file contents, a hub dataset's fingerprint): they name the
+token cache. And `read()`, which streams (key, split, bytes): split is "train" or "val" where the
+source fixes it (a hub dataset's own splits), None where posbench splits by the key
+(posbench/data/tokens.py).
 """
 from __future__ import annotations
 
@@ -20,9 +22,9 @@ Document = Tuple[str, Optional[str], bytes]
 
 
 @dataclass
-class Corpus:
+class Documents:
     identity: List[Tuple[str, bytes]]
-    documents: Callable[[], Iterator[Document]]
+    read: Callable[[], Iterator[Document]]
 
 
 def file_digest(path: Path) -> bytes:
@@ -33,11 +35,11 @@ def file_digest(path: Path) -> bytes:
     return h.digest()
 
 
-def files_corpus(files: List[Path], root: Path) -> Corpus:
+def files_documents(files: List[Path], root: Path) -> Documents:
     """One document per file, keyed by its path below `root`, split by that key."""
     keys = [p.relative_to(root).as_posix() for p in files]
     identity = [(k, file_digest(p)) for k, p in zip(keys, files)]
-    return Corpus(identity, lambda: ((k, None, p.read_bytes()) for k, p in zip(keys, files)))
+    return Documents(identity, lambda: ((k, None, p.read_bytes()) for k, p in zip(keys, files)))
 
 
 def local_files(path: str, suffixes: Tuple[str, ...] = ()) -> Tuple[List[Path], Path]:

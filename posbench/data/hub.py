@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, List, Optional, Tuple
 from urllib.parse import urlparse
 
+from posbench.data.base import DatasetConfig, register
+from posbench.data.corpus import TextCorpus
+from posbench.data.documents import Document, Documents, file_digest, local_files
 from posbench.errors import ConfigError, DataUnavailable
-from posbench.data.documents import Corpus, Document, file_digest, local_files
 
 TABLES = (".parquet", ".jsonl", ".json", ".arrow")
 # what `datasets`' save_to_disk writes beside the arrow files
@@ -90,7 +92,7 @@ def _documents(tables: List[Tuple[str, Optional[str], Callable[[], Iterable[str]
             yield f"{name}:{i}", split, doc.encode("utf-8")
 
 
-def _local(dataset_cfg, to_documents) -> Corpus:
+def _local(dataset_cfg, to_documents) -> Documents:
     files, root = local_files(dataset_cfg.path, TABLES)
     named = [(p.relative_to(root).as_posix(), p) for p in files if p.name not in SAVED_METADATA]
     tables = [(key, _split_of(key), lambda p=p: _texts(p)) for key, p in named]
@@ -99,7 +101,7 @@ def _local(dataset_cfg, to_documents) -> Corpus:
         raise ConfigError(f"dataset.path={dataset_cfg.path!r} is not accepted: it holds test "
                           "files only; expected train and validation files (or unsplit ones)")
     identity = [(key, file_digest(p)) for key, p in named if _split_of(key) != "test"]
-    return Corpus(identity, lambda: _documents(tables, to_documents))
+    return Documents(identity, lambda: _documents(tables, to_documents))
 
 
 def _reachable(url: str) -> bool:
@@ -111,11 +113,11 @@ def _reachable(url: str) -> bool:
         return False
 
 
-def _hub(dataset_cfg, to_documents) -> Corpus:
+def _hub(dataset_cfg, to_documents) -> Documents:
     import datasets
     from huggingface_hub.constants import ENDPOINT
 
-    name, hub = dataset_cfg.name, dataset_cfg.get("hub")
+    name, hub = dataset_cfg.name, dataset_cfg.hub
     instead = (f"expected a local copy: dataset={name} dataset.path=FILE|DIR|GLOB of its parquet, "
                "jsonl or arrow files (a 'text' column), dataset=text dataset.path=... for plain "
                "text files, or HF_DATASETS_OFFLINE=1 to read a cached download")
@@ -124,7 +126,7 @@ def _hub(dataset_cfg, to_documents) -> Corpus:
         raise DataUnavailable(f"dataset={name} comes from the Hugging Face hub ({hub}), which cannot "
                           f"be reached from here; {instead}")
     try:
-        loaded = datasets.load_dataset(hub, dataset_cfg.get("hub_config"))
+        loaded = datasets.load_dataset(hub, dataset_cfg.hub_config)
     except (ConnectionError, datasets.exceptions.DatasetNotFoundError) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise DataUnavailable(f"dataset={name} could not be loaded from the Hugging Face hub "
@@ -136,19 +138,28 @@ def _hub(dataset_cfg, to_documents) -> Corpus:
                lambda ds=ds: (t for b in ds.select_columns("text").iter(1024) for t in b["text"]))
               for split, ds in splits.items()]
     # `datasets` fingerprints a split by its source files: a cheap stand-in for the contents
-    identity = [(f"hub:{hub}/{dataset_cfg.get('hub_config')}/{split}",
+    identity = [(f"hub:{hub}/{dataset_cfg.hub_config}/{split}",
                  hashlib.sha256(ds._fingerprint.encode()).digest()) for split, ds in splits.items()]
-    return Corpus(identity, lambda: _documents(tables, to_documents))
+    return Documents(identity, lambda: _documents(tables, to_documents))
 
 
-def _hub_corpus(to_documents) -> Callable:
-    def corpus(dataset_cfg) -> Corpus:
-        if dataset_cfg.path:
-            return _local(dataset_cfg, to_documents)
-        return _hub(dataset_cfg, to_documents)
-    return corpus
+@register("pg19", "PG-19 books (a parquet copy of deepmind/pg19) from the hub, a book a document; "
+          "dataset.path= reads a local copy", DatasetConfig(hub="emozilla/pg19"))
+@register("openwebtext", "OpenWebText from the hub, one document per web page; dataset.path= "
+          "reads a local copy", DatasetConfig(hub="Skylion007/openwebtext"))
+class HubCorpus(TextCorpus):
+    """A hub dataset, or its local copy when `dataset.path` names one; `to_documents` makes
+    documents of the rows of its "text" column (one per row unless a subclass says otherwise)."""
+    to_documents = staticmethod(rows)
+
+    def documents(self) -> Documents:
+        if self.cfg.path:
+            return _local(self.cfg, self.to_documents)
+        return _hub(self.cfg, self.to_documents)
 
 
-wikitext103 = _hub_corpus(wikitext_articles)
-pg19 = _hub_corpus(rows)
-openwebtext = _hub_corpus(rows)
+@register("wikitext103", "WikiText-103 (raw) from the hub, one document per article; "
+          "dataset.path= reads a local copy",
+          DatasetConfig(hub="Salesforce/wikitext", hub_config="wikitext-103-raw-v1"))
+class WikiText103(HubCorpus):
+    to_documents = staticmethod(wikitext_articles)

@@ -1,21 +1,25 @@
 """Synthetic length-generalization tasks, generated and seeded: copy, reverse, associative recall,
 induction (look back N tokens) and multi-digit addition.
 
-An instance is a row of tokens and an answer mask: the tokens to predict from what came before.
-Training draws fresh instances of every size up to the training length (seeded by run seed and
-step; left-padded to the window); evaluation scores instances that fill each eval length, the same
-ones for every encoding and seed, on their answer tokens only: loss, and exact-match accuracy.
+A task is a dataset (posbench/data/base.py) whose data is generated, not read: a new task is a
+class deriving from Task, registered as `dataset=task_<name>`, that says how large an instance
+fits a window (`size`) and makes one (`make`). An instance is a row of tokens and an answer mask:
+the tokens to predict from what came before. Training draws fresh instances of every size up to
+the training length (seeded by run seed and step; left-padded to the window); evaluation scores
+instances that fill each eval length, the same ones for every encoding and seed, on their answer
+tokens only: loss, and exact-match accuracy.
 """
 from __future__ import annotations
 
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Dict, Tuple
+from typing import ClassVar, Tuple
 
 import numpy as np
 
-from posbench.errors import ConfigError
+from posbench.data.base import Dataset, register
+from posbench.errors import ConfigError, require
 
 PAD, BOS, SEP, PLUS = 0, 1, 2, 3
 FIRST = 4  # a task's symbols come after these
@@ -23,14 +27,32 @@ EVAL_SEED = 1729  # evaluation instances never depend on the run's seed
 VERSION = 1  # bump when a generator changes: it names the data in results.json
 
 
-@dataclass(frozen=True)
-class Task:
-    symbols: int = 16
-    min_size = 1  # a class constant, not a field
+class Task(Dataset):
+    """A generated task: its instances are made from `symbols` symbol tokens after the special
+    ones; `min_size` is the smallest instance worth scoring."""
+    text = False
+    symbols: ClassVar[int] = 16
+    min_size: ClassVar[int] = 1
 
     @property
     def vocab_size(self) -> int:
         return FIRST + self.symbols
+
+    def parameters(self) -> dict:
+        """What the generator draws from: with the task's name and VERSION, they name its data."""
+        return {"symbols": self.symbols}
+
+    def prepare(self) -> TaskData:
+        spec = ", ".join(f"{key}={value!r}" for key, value in self.parameters().items())
+        identity = f"{self.cfg.name},{type(self).__name__}({spec}),version={VERSION}"
+        digest = hashlib.sha256(identity.encode()).hexdigest()
+        return TaskData(self, self.cfg.name, f"sha256:{digest}", self.vocab_size)
+
+    @classmethod
+    def check(cls, cfg, run_cfg) -> None:
+        super().check(cfg, run_cfg)
+        require(run_cfg.eval.protocol == "nonoverlapping", "eval.protocol", run_cfg.eval.protocol,
+                f"nonoverlapping for dataset={cfg.name} (each window is one task instance)")
 
     def size(self, total: int) -> int:
         """The largest size of an instance that fits `total` tokens."""
@@ -60,14 +82,15 @@ class Task:
         return tokens, answers
 
 
-def _marked(parts, answer_from: int) -> Tuple[np.ndarray, np.ndarray]:
+def marked(parts, answer_from: int) -> Tuple[np.ndarray, np.ndarray]:
+    """The parts joined into one instance, its tokens from `answer_from` on the answers."""
     seq = np.concatenate([np.atleast_1d(p) for p in parts]).astype(np.int64)
     answer = np.zeros(len(seq), dtype=bool)
     answer[answer_from:] = True
     return seq, answer
 
 
-@dataclass(frozen=True)
+@register("task_copy", "copy k random symbols after a separator; exact-match accuracy by length")
 class Copy(Task):
     """BOS x1..xk SEP x1..xk: the second copy is the answer."""
 
@@ -76,10 +99,11 @@ class Copy(Task):
 
     def make(self, rng, size):
         x = self.draw(rng, size)
-        return _marked([BOS, x, SEP, x], size + 2)
+        return marked([BOS, x, SEP, x], size + 2)
 
 
-@dataclass(frozen=True)
+@register("task_reverse", "write k random symbols in reverse after a separator; exact-match "
+          "accuracy by length")
 class Reverse(Task):
     """BOS x1..xk SEP xk..x1."""
 
@@ -88,19 +112,23 @@ class Reverse(Task):
 
     def make(self, rng, size):
         x = self.draw(rng, size)
-        return _marked([BOS, x, SEP, x[::-1]], size + 2)
+        return marked([BOS, x, SEP, x[::-1]], size + 2)
 
 
-@dataclass(frozen=True)
+@register("task_recall", "associative recall of every key's value, keys queried in a new order; "
+          "exact match")
 class Recall(Task):
     """Associative recall: BOS k1 v1 .. kp vp SEP then every key again, in a new order, each
     followed by its value (the answers). Values are the symbols; keys, distinct within an
     instance, have tokens of their own, and their number bounds the length."""
-    keys: int = 1024
+    keys: ClassVar[int] = 1024
 
     @property
     def vocab_size(self) -> int:
         return FIRST + self.symbols + self.keys
+
+    def parameters(self) -> dict:
+        return {**super().parameters(), "keys": self.keys}
 
     def size(self, total):
         return (total - 2) // 4
@@ -121,7 +149,8 @@ class Recall(Task):
         return seq.astype(np.int64), answer
 
 
-@dataclass(frozen=True)
+@register("task_induction", "a random block repeated, each token equal to the one N back (N per "
+          "example); exact match")
 class Induction(Task):
     """Look back N: BOS then a random block of N tokens repeated; every token after the first
     block is an answer, equal to the token N back. N is drawn per instance, up to half of it."""
@@ -132,14 +161,15 @@ class Induction(Task):
 
     def make(self, rng, size):
         lag = int(rng.integers(1, size // 2 + 1))
-        return _marked([BOS, np.resize(self.draw(rng, lag), size)], 1 + lag)
+        return marked([BOS, np.resize(self.draw(rng, lag), size)], 1 + lag)
 
 
-@dataclass(frozen=True)
+@register("task_addition", "multi-digit addition, digits least significant first; exact-match "
+          "accuracy by length")
 class Addition(Task):
     """BOS a PLUS b SEP c with c = a + b, all d-digit numbers written least significant digit
     first (so a carry flows left to right, the order the model writes in); c has d+1 digits."""
-    symbols: int = 10
+    symbols = 10
 
     def size(self, total):
         return (total - 4) // 3
@@ -151,12 +181,8 @@ class Addition(Task):
             carry, digit = divmod(x + y + carry, 10)
             digits.append(digit)
         digits.append(carry)
-        return _marked([BOS, a + FIRST, PLUS, b + FIRST, SEP, np.array(digits) + FIRST],
-                       2 * size + 3)
-
-
-TASKS: Dict[str, Task] = {"task_copy": Copy(), "task_reverse": Reverse(), "task_recall": Recall(),
-                          "task_induction": Induction(), "task_addition": Addition()}
+        return marked([BOS, a + FIRST, PLUS, b + FIRST, SEP, np.array(digits) + FIRST],
+                      2 * size + 3)
 
 
 IGNORE = -100  # cross_entropy's ignore_index: a target that is not trained on
@@ -186,9 +212,3 @@ class TaskData:
         """ceil(tokens / length) instances filling length + 1 tokens (inputs and targets)."""
         rng = np.random.default_rng([EVAL_SEED, length])
         return self.task.batch(rng, math.ceil(tokens / length), length + 1, fill=True)
-
-
-def task_data(name: str) -> TaskData:
-    task = TASKS[name]
-    digest = hashlib.sha256(f"{name},{task!r},version={VERSION}".encode()).hexdigest()
-    return TaskData(task, name, f"sha256:{digest}", task.vocab_size)

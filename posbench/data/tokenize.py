@@ -127,8 +127,9 @@ class Tokenizer:
     size, and `encode_all`."""
 
     def __init__(self, dataset_cfg):
-        self.name = dataset_cfg.tokenizer  # a name config.check accepted
-        files = gpt2_files(dataset_cfg.get("tokenizer_path")) if self.name == "gpt2" else None
+        """From the typed dataset config (posbench/data/base.py: dataset_config)."""
+        self.name = dataset_cfg.tokenizer  # a name the dataset's check accepted
+        files = gpt2_files(dataset_cfg.tokenizer_path) if self.name == "gpt2" else None
         self.bpe = GPT2BPE(*files) if files else None
         if self.bpe is None:
             self.identity, self.vocab_size = "byte", 256
