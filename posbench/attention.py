@@ -8,6 +8,8 @@
                                    An additive score_mod (encoding.additive_score_mod) becomes a
                                    float mask for fused SDPA in each block instead of dense
                                    scores.
+- a remap (eval-time distance    -> blockwise, each block's logits picked per (query, key) from
+  remaps of RoPE)                  two products, near and far (remapped_attention)
 """
 from __future__ import annotations
 
@@ -87,6 +89,8 @@ def attend(q, k, v, pos, encoding, layer, x=None):
         # logits need it, and autocast would round them back to bf16 in SDPA and FlexAttention
         with torch.autocast(q.device.type, enabled=False):
             return attend(q, k, v.to(q.dtype), pos, encoding, layer, x).to(v.dtype)
+    if encoding.remap is not None:
+        return remapped_attention(q, k, v, pos, encoding, layer)
     score_mod, row_mod, value_mod = bound_hooks(q, k, pos, encoding, layer, x)
     if row_mod is None and value_mod is None:
         if score_mod is None:
@@ -100,12 +104,19 @@ def attend(q, k, v, pos, encoding, layer, x=None):
 def blockwise_attention(q, k, v, score_mod=None, row_mod=None, value_mod=None, additive=False):
     """Exact causal attention, one block of queries at a time against its key prefix.
     `additive`: score_mod only adds a bias, so each block runs as SDPA with that bias as mask."""
-    B, H, T, d = q.shape
+    block = functools.partial(_bias_block, score_mod=score_mod) if additive else functools.partial(
+        _attend_block, score_mod=score_mod, row_mod=row_mod, value_mod=value_mod)
+    return by_row_blocks(q, k, v, block)
+
+
+def by_row_blocks(q, k, v, block):
+    """Causal attention one block of query rows at a time: block(q rows, k prefix, v prefix,
+    start, b, h) -> the rows' output, at most BLOCK_ELEMENTS scores per block, recomputed in
+    the backward pass when a gradient is needed."""
+    B, H, T, _ = q.shape
     rows = max(16, min(T, BLOCK_ELEMENTS // max(1, B * H * T)))
     b = torch.arange(B, device=q.device).view(B, 1, 1, 1)
     h = torch.arange(H, device=q.device).view(1, H, 1, 1)
-    block = functools.partial(_bias_block, score_mod=score_mod) if additive else functools.partial(
-        _attend_block, score_mod=score_mod, row_mod=row_mod, value_mod=value_mod)
     outputs = []
     for start in range(0, T, rows):
         end = min(T, start + rows)
@@ -169,10 +180,49 @@ def attention_probs(q, k, pos, encoding, layer, start=0, end=None, x=None):
     CausalSelfAttention.heads returns them: the dense-score path every hook goes through, for
     inspecting what a trained model attends to (value_mod changes the output, not these)."""
     end = q.shape[2] if end is None else end
+    if encoding.remap is not None:
+        q, k, is_near = _remapped_heads(q, k, pos, encoding, layer)
+        b = torch.arange(q.shape[0], device=q.device).view(-1, 1, 1, 1)
+        return _remap_probs(q[:, :, start:end], k[:, :, :end], start, b, is_near)
     score_mod, row_mod, _ = bound_hooks(q, k, pos, encoding, layer, x)
     b = torch.arange(q.shape[0], device=q.device).view(-1, 1, 1, 1)
     h = torch.arange(q.shape[1], device=q.device).view(1, -1, 1, 1)
     return _block_probs(q[:, :, start:end], k[:, :, :end], start, b, h, score_mod, row_mod)[0]
+
+
+def remapped_attention(q, k, v, pos, encoding, layer):
+    """Causal attention under the encoding's `remap` hook (RoPE's eval-time distance remaps,
+    posbench/encodings/rope.py): the logit of query i and key j is near_q_i . near_k_j / sqrt(d)
+    where is_near, else far_q_i . far_k_j / sqrt(d), exactly, from dense fp32 scores a block of
+    query rows at a time (the blockwise path's memory bound)."""
+    q2, k2, is_near = _remapped_heads(q, k, pos, encoding, layer)
+
+    def block(q, k, v, start, b, h):
+        probs = _remap_probs(q, k, start, b, is_near)
+        return (probs @ v.to(probs.dtype)).to(v.dtype)
+
+    return by_row_blocks(q2, k2, v, block)
+
+
+def _remapped_heads(q, k, pos, encoding, layer):
+    """The hook's near and far q (and k) side by side in the last dim, (B, H, T, 2d), so that
+    a block of rows slices both at once, and is_near."""
+    near_q, near_k, far_q, far_k, is_near = encoding.remap(q, k, pos, layer)
+    return torch.cat((near_q, far_q), -1), torch.cat((near_k, far_k), -1), is_near
+
+
+def _remap_probs(q, k, start, b, is_near):
+    """Probabilities (B, H, Tq, Tk) of the block of queries at sequence index start.. from
+    _remapped_heads' q and k; b (B, 1, 1, 1) indexes the batch for is_near."""
+    d = q.shape[-1] // 2
+    q_idx, kv_idx = block_indices(start, q.shape[2], k.shape[2], q.device)
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    with torch.autocast(q.device.type, enabled=False):
+        near_q, far_q = (q.to(dtype) / math.sqrt(d)).split(d, -1)
+        near_k, far_k = k.to(dtype).split(d, -1)
+        scores = torch.where(is_near(b, q_idx, kv_idx), near_q @ near_k.transpose(-2, -1),
+                             far_q @ far_k.transpose(-2, -1))
+    return torch.softmax(scores.masked_fill(kv_idx > q_idx, float("-inf")), dim=-1)
 
 
 class BiasedAttention(torch.autograd.Function):

@@ -192,10 +192,13 @@ def eval_app(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     run_dir = Path(hc[EVAL_RUN])
     try:
+        cls = encoding_class(cfg.encoding)
+        remap = cfg.eval.rope_scaling in config_module.ROPE_REMAPS
         if (hc[EVAL_FOLDER] and cfg.eval.rope_scaling != "none"
-                and not encoding_class(cfg.encoding).rotary):
+                and not (cls.rope_remaps if remap else cls.rotary)):
             print(f"posbench: skipped {run_dir}: eval.rope_scaling={cfg.eval.rope_scaling} "
-                  f"applies to rotary encodings, not to encoding={cfg.encoding.name}")
+                  f"applies to {'RoPE-rotated' if remap else 'rotary'} encodings, not to "
+                  f"encoding={cfg.encoding.name}")
             return
         check(cfg)
         reevaluate(cfg, run_dir)

@@ -85,13 +85,23 @@ class EvalConfig:
     stride: Optional[int] = None
     batch_tokens: int = 16384
     # options applied at evaluation only, without retraining (docs/encodings.md, "Eval-time
-    # options"). rope_scaling (rotary encodings): none, pi, ntk, yarn, or dynamic_ntk (HF's).
+    # options"). rope_scaling (rotary encodings): none, pi, ntk, yarn, or dynamic_ntk (HF's);
+    # or a remap of relative distances (RoPE-rotated encodings): rerope, self_extend,
+    # shifted_rope.
     # rope_scaling_factor: null is dynamic, s = max(1, n/L) recomputed for each evaluated length
     # n (L = train.seq_len); a number > 1 is a static s, as the papers evaluate: the same
     # frequencies at every length, also at n <= L. For dynamic_ntk it is HF's `factor` alpha
-    # (null: 1), s = max(1, alpha*n/L - (alpha-1)) per length.
+    # (null: 1), s = max(1, alpha*n/L - (alpha-1)) per length. For rerope it is the leaky
+    # form's k (null: pure ReRoPE), for self_extend the group size G (null: the smallest that
+    # fits each length), for shifted_rope null.
     rope_scaling: str = "none"
     rope_scaling_factor: Optional[float] = None
+    # the remaps' window (null: the method's default at L): rerope's w (L/8), self_extend's
+    # neighbour window W (L/4), shifted_rope's local window W (L/16); lags below it, or below
+    # shifted_rope's shift S, keep RoPE's positions
+    rope_window: Optional[int] = None
+    # shifted_rope's S (null: L/3): lags d >= S are shifted to d - S + W
+    rope_shift: Optional[int] = None
     logn_scaling: bool = False
     # how encoding=randomized is evaluated (every other encoding reads 0..n-1): `random` draws
     # sorted positions below encoding.max_len as in training, as its reference does, each window
@@ -125,7 +135,9 @@ class Config:
 
 
 PROTOCOLS = ("nonoverlapping", "sliding", "growing_context")
-ROPE_SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn")
+ROPE_SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn", "rerope", "self_extend",
+                 "shifted_rope")
+ROPE_REMAPS = ROPE_SCALINGS[5:]  # of relative distances, not of frequencies
 RANDOMIZED_POSITIONS = ("random", "plain")
 DEVICES = ("auto", "cpu", "cuda")
 LOGGERS = ("none", "wandb")
@@ -176,6 +188,42 @@ def _check_rope_scaling_factor(eval_cfg) -> None:
              "null with eval.rope_scaling=none (nothing is scaled)")
     require(math.isfinite(factor) and factor > 1, "eval.rope_scaling_factor", factor,
              "a finite number > 1 (the static scale s; dynamic_ntk's alpha), or null (dynamic)")
+
+
+def _check_rope_remap(cfg) -> None:
+    """The remap keys' types and which rope_scaling they belong to; their ranges against the
+    training length are the encoding's check (posbench/encodings/rope.py: check_remap)."""
+    scaling = cfg.eval.rope_scaling
+    window, shift = cfg.eval.get("rope_window"), cfg.eval.get("rope_shift")  # older runs lack them
+    if window is not None:
+        require(scaling in ROPE_REMAPS, "eval.rope_window", window,
+                f"null unless eval.rope_scaling is one of {ROPE_REMAPS}")
+        _positive("eval.rope_window", window)
+    if shift is not None:
+        require(scaling == "shifted_rope", "eval.rope_shift", shift,
+                "null unless eval.rope_scaling=shifted_rope")
+        require(isinstance(shift, int) and shift >= 2, "eval.rope_shift", shift,
+                "an integer >= 2 (STRING's S)")
+    from posbench.encodings.base import encoding_class, registry
+
+    if scaling in ROPE_REMAPS and not encoding_class(cfg.encoding).rope_remaps:
+        remappable = [name for name, entry in registry().items() if entry.cls.rope_remaps]
+        require(False, "eval.rope_scaling", scaling,
+                f"none, pi, ntk, dynamic_ntk or yarn for encoding={cfg.encoding.get('name')}; "
+                f"the remaps apply to the encodings that rotate by RoPE alone: "
+                + ", ".join(remappable))
+
+
+def _check_attention(m) -> None:
+    from posbench.span import ATTENTIONS
+
+    # runs saved before these keys existed take their defaults
+    attention = m.get("attention", ModelConfig.attention)
+    require(attention in ATTENTIONS, "model.attention", attention,
+            f"one of {ATTENTIONS}{did_you_mean(attention, ATTENTIONS)}")
+    window = m.get("attention_window")
+    if window is not None:
+        _positive("model.attention_window", window)
 
 
 def _check_retrieval(cfg) -> None:
@@ -251,6 +299,7 @@ def check(cfg: DictConfig) -> None:
              "eval.rope_scaling", cfg.eval.rope_scaling,
              f"'none' for encoding={cfg.encoding.get('name')}, which does not rotate q and k")
     _check_rope_scaling_factor(cfg.eval)
+    _check_rope_remap(cfg)
     positions = cfg.eval.get("randomized_positions", EvalConfig.randomized_positions)
     require(positions in RANDOMIZED_POSITIONS, "eval.randomized_positions", positions,
              f"one of {RANDOMIZED_POSITIONS}")

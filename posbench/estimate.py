@@ -28,6 +28,7 @@ from typing import Optional, Tuple
 import torch
 
 from posbench.attention import BLOCK_ELEMENTS
+from posbench.config import ROPE_REMAPS
 
 BASE_BYTES = 1 << 29  # the interpreter, torch and the corpus
 ACTIVATIONS_PER_LAYER = 28  # fp32 values kept per token and unit of d_model, per layer
@@ -76,6 +77,8 @@ def estimate(cfg, world_size: int = 1) -> Estimate:
     weights = params - sum(p.numel() for p in model.encoding.parameters())
     hooks = any(getattr(model.encoding, hook) is not None
                 for hook in ("score_mod", "row_mod", "value_mod"))
+    # a distance remap (eval only) scores in blocks too
+    eval_hooks = hooks or cfg.eval.rope_scaling in ROPE_REMAPS
     m, t = cfg.model, cfg.train
     vocab = model.head.weight.shape[0]
     tokens = t.batch_size * t.seq_len * t.steps
@@ -91,7 +94,7 @@ def estimate(cfg, world_size: int = 1) -> Estimate:
     windows = max(1, eval_cfg.batch_tokens // n)
     eval_bytes = (BASE_BYTES + 4 * params + 4 * windows * n * (
         EVAL_ACTIVATIONS * m.d_model + 2 * vocab * min(1.0, LOGIT_CHUNK / n))
-        + (_score_blocks(EVAL_SCORE_BLOCKS, windows, m.n_head, n) if hooks else 0))
+        + (_score_blocks(EVAL_SCORE_BLOCKS, windows, m.n_head, n) if eval_hooks else 0))
     return Estimate(params, tokens, float(train_flops), float(eval_flops), int(train_bytes),
                     int(eval_bytes), n)
 

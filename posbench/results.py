@@ -10,6 +10,7 @@ from typing import List, Optional
 
 from posbench.config import EvalConfig, to_container
 from posbench.data.windows import scored_block
+from posbench.encodings.rope import remap_record
 from posbench.io import write_json, write_text
 from posbench.parity import ppl_at
 from posbench.retrieval import ppl_effective_length
@@ -36,6 +37,8 @@ def results_record(cfg, model, data, curve: List[dict], train: dict,
                  "stride": scored_block(cfg.eval),
                  "rope_scaling": cfg.eval.rope_scaling,
                  "rope_scaling_factor": cfg.eval.rope_scaling_factor,
+                 # rerope, self_extend, shifted_rope: their values at this L
+                 "rope_remap": remap_record(cfg.eval, cfg.train.seq_len),
                  "logn_scaling": cfg.eval.logn_scaling,
                  "randomized_positions": cfg.eval.randomized_positions,
                  # the reference of parity between runs (posbench/parity.py)
@@ -134,7 +137,12 @@ def eval_options(record: dict) -> str:
     options = [f"protocol {e['protocol']}", f"{e['tokens_per_length']} tokens per length"]
     if e.get("stride"):
         options.append(f"stride {e['stride']}")
-    if e.get("rope_scaling", "none") != "none":
+    remap = e.get("rope_remap")
+    if remap:  # a factor left out: ReRoPE's infinite k, Self-Extend's dynamic G
+        options.append(f"rope_scaling {e['rope_scaling']} (" + ", ".join(
+            f"{key} {remap[key]:g}" for key in ("near", "window", "shift", "factor")
+            if remap[key] is not None) + ")")
+    elif e.get("rope_scaling", "none") != "none":
         options.append(f"rope_scaling {e['rope_scaling']} "
                        + (f"(static factor {factor:g})" if factor else "(dynamic)"))
     if e.get("logn_scaling"):

@@ -164,3 +164,17 @@ def test_a_rescore_scores_passkey_retrieval_when_asked(sweep, monkeypatch, capsy
     assert [(cell["length"], cell["depth"]) for cell in grid] == [(64, 0.5)]
     assert (rope / path.name.replace("results", "retrieval_heatmap").replace(".json", ".png")
             ).stat().st_size > 0
+
+
+def test_a_distance_remap_rescores_rope_and_skips_what_it_does_not_apply_to(sweep, monkeypatch,
+                                                                           capsys):
+    root, folder, rope, alibi, _, _ = sweep
+    proc = run_in_process(["eval", str(folder), "eval.rope_scaling=shifted_rope",
+                           "eval.rope_shift=12"], monkeypatch, capsys)
+    assert proc.returncode == 0, proc.stderr
+    assert (f"skipped {alibi}: eval.rope_scaling=shifted_rope applies to RoPE-rotated "
+            "encodings") in proc.stdout
+    record = json.loads((rope / "results.eval-rope_scaling-shifted_rope_rope_shift-12.json")
+                        .read_text())
+    assert record["eval"]["rope_remap"] == {"near": 12, "window": 2, "shift": 12, "factor": None}
+    assert "rope_scaling shifted_rope (near 12, window 2, shift 12)" in proc.stdout

@@ -17,6 +17,11 @@ and never branch on its name. A hook left as None does nothing:
                                          always takes the blockwise path); q and k are the whole
                                          (B, H, T, d) heads; with reads_input also x=
 - value_mod(probs, pos, layer, q_idx, kv_idx) -> (B, H, Tq, d) added to the attention output
+- remap(q, k, pos, layer) -> (near_q, near_k, far_q, far_k, is_near)
+                                         set only while an eval-time distance remap is (RoPE's
+                                         rerope, self_extend, shifted_rope), with rotate None:
+                                         the logit of query i and key j is near_q_i . near_k_j
+                                         where is_near(b, q_idx, kv_idx), else far_q_i . far_k_j
 
 `pos` is always a (B, T) long tensor. `q_idx`/`kv_idx` index the sequence, never positions: read
 positions as pos[b, q_idx], and lags through `relative_lag(pos)`.
@@ -36,7 +41,8 @@ from posbench.errors import ConfigError, did_you_mean
 
 FAMILIES = ("none", "absolute", "rotary", "group", "bias", "contextual", "hybrid")
 # the eval.* keys that evaluate() passes to set_eval_options, in its argument order
-EVAL_OPTIONS = ("rope_scaling", "logn_scaling", "rope_scaling_factor", "randomized_positions")
+EVAL_OPTIONS = ("rope_scaling", "logn_scaling", "rope_scaling_factor", "randomized_positions",
+                "rope_window", "rope_shift")
 
 
 @dataclass
@@ -65,6 +71,9 @@ class PositionalEncoding(nn.Module):
     relative: ClassVar[bool] = True
     # accepts eval.rope_scaling
     rotary: ClassVar[bool] = False
+    # accepts its distance remaps too (rerope, self_extend, shifted_rope): the rotation is RoPE's
+    # at the position, so that a remapped lag has a rotation
+    rope_remaps: ClassVar[bool] = False
     # logits at positions < m do not change when the sequence grows past m
     prefix_consistent: ClassVar[bool] = True
     # behaviour past the training length, one line (docs/encodings.md is built from it)
@@ -84,6 +93,7 @@ class PositionalEncoding(nn.Module):
     score_mod: Optional[Callable] = None
     row_mod: Optional[Callable] = None
     value_mod: Optional[Callable] = None
+    remap: Optional[Callable] = None
 
     def __init__(self, cfg, dims: Dims):
         super().__init__()
@@ -92,16 +102,20 @@ class PositionalEncoding(nn.Module):
 
     # eval-time options (the eval.* keys of EVAL_OPTIONS, docs/encodings.md), set by evaluate()
     # through set_eval_options; training never sets them, so a freshly built encoding has none.
-    # Rotary encodings read the rope_scaling pair in rotate(), the attention reads logn_scaling,
-    # `randomized` reads randomized_positions.
+    # Rotary encodings read the rope_scaling pair in rotate() (RoPE's distance remaps also
+    # rope_window and rope_shift), the attention reads logn_scaling, `randomized` reads
+    # randomized_positions.
     rope_scaling: str = "none"
     rope_scaling_factor: Optional[float] = None
     logn_scaling: bool = False
     randomized_positions: str = "plain"
+    rope_window: Optional[int] = None
+    rope_shift: Optional[int] = None
 
     def set_eval_options(self, rope_scaling: str = "none", logn_scaling: bool = False,
                          rope_scaling_factor: Optional[float] = None,
-                         randomized_positions: str = "plain") -> None:
+                         randomized_positions: str = "plain", rope_window: Optional[int] = None,
+                         rope_shift: Optional[int] = None) -> None:
         """Change the encoding at evaluation without retraining (config.check validates first)."""
         if rope_scaling != "none" and not self.rotary:
             raise ValueError(f"rope_scaling={rope_scaling!r} needs a rotary encoding, "
@@ -110,6 +124,7 @@ class PositionalEncoding(nn.Module):
         self.rope_scaling_factor = rope_scaling_factor
         self.logn_scaling = logn_scaling
         self.randomized_positions = randomized_positions
+        self.rope_window, self.rope_shift = rope_window, rope_shift
 
     def notes(self) -> list:
         """Caveats worth recording in results.json (e.g. untrained table rows)."""

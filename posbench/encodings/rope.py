@@ -1,18 +1,23 @@
 """Rotary position embedding (RoPE), half-split layout as in GPT-NeoX / HF, and the eval-time
-length extensions of its frequencies (PI, NTK, HF's dynamic NTK, YaRN; docs/encodings.md).
+length extensions of a trained RoPE model (docs/encodings.md#eval-time-options):
 
-Every extension is a function of one scale s (RoPE.scale): static when eval.rope_scaling_factor
-is set, the same s at every evaluated length as the PI, NTK and YaRN papers evaluate; dynamic
-when it is null, s = max(1, n/L) from each evaluated length n and the training length L.
+- of its frequencies (PI, NTK, HF's dynamic NTK, YaRN): each a function of one scale s
+  (RoPE.scale), static when eval.rope_scaling_factor is set, the same s at every evaluated length
+  as the PI, NTK and YaRN papers evaluate; dynamic when it is null, s = max(1, n/L) from each
+  evaluated length n and the training length L;
+- of its relative distances (ReRoPE, Self-Extend, ShifTed RoPE; REMAPS): keys near the query
+  keep RoPE's logit, the others get the logit of a remapped distance. The attention takes both
+  logits from the `remap` hook (posbench/attention.py: remapped_attention), which replaces
+  `rotate` while a remap is set.
 """
 import math
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
 
-from posbench.errors import ConfigError
-from posbench.encodings.base import EncodingConfig, PositionalEncoding, register
+from posbench.errors import ConfigError, require
+from posbench.encodings.base import EncodingConfig, PositionalEncoding, register, relative_lag
 
 # YaRN's bounds in turns per training window, beta_fast and beta_slow of its released code: pairs
 # that turn more than 32 times in L tokens keep RoPE, pairs that turn less than once are scaled
@@ -80,13 +85,120 @@ def yarn_attention_factor(s: float) -> float:
     return 0.1 * math.log(s) + 1
 
 
+# eval.rope_scaling values that remap relative distances instead of scaling frequencies
+REMAPS = ("rerope", "self_extend", "shifted_rope")
+# defaults as fractions of the training length L, from each reference's own setting:
+RE_ROPE_WINDOW = 1 / 8  # bojone/rerope: window 512 at training_length 4096
+SELF_EXTEND_WINDOW = 1 / 4  # datamllab/LongLM: neighbour window 1024 for Llama-2 (L = 4096)
+STRING_SHIFT = 1 / 3  # HKUNLP/STRING: shifted_offset S = 0.33 L
+STRING_LOCAL = 1 / 16  # HKUNLP/STRING: local window W = 128, i.e. L/16 at a 2048-token L
+
+
+class Remap(NamedTuple):
+    """A distance remap with its values filled in for training length L (remap_for). Query i and
+    key j at lag d = p_i - p_j keep RoPE's logit while d < `near`; beyond, the logit is RoPE's
+    between q rotated at far_positions' first and k at its second."""
+    name: str
+    window: int  # ReRoPE's w, Self-Extend's neighbour window W, STRING's local window W
+    shift: Optional[int]  # STRING's S; None for the others
+    factor: Optional[float]  # ReRoPE's k (None: infinite), Self-Extend's G (None: dynamic)
+    train_len: int
+
+    @property
+    def near(self) -> int:
+        """Lags below it keep RoPE's logit: w, W, or STRING's S."""
+        return self.shift if self.name == "shifted_rope" else self.window
+
+    def group(self, n: int) -> int:
+        """Self-Extend's G for a sequence of n tokens: the static factor, else the smallest G
+        with G (L - W) + W >= n, LongLM's rule, so every remapped lag stays below L."""
+        if self.factor is not None:
+            return int(self.factor)
+        return max(1, math.ceil((n - self.window) / (self.train_len - self.window)))
+
+    def far_positions(self, pos: torch.Tensor, n: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Float64 positions (query's, key's) whose difference is the remapped lag of a far key:
+        ReRoPE w (its leaky form w + (d - w)/k: q at (p + w(k - 1))/k, k at p/k); Self-Extend
+        floor(p_i/G) - floor(p_j/G) + W - W/G; STRING d - S + W."""
+        p = pos.to(torch.float64)
+        if self.name == "rerope":
+            if self.factor is None:
+                return torch.full_like(p, float(self.window)), torch.zeros_like(p)
+            k = self.factor
+            return (p + self.window * (k - 1)) / k, p / k
+        if self.name == "self_extend":
+            g = self.group(n)
+            grouped = torch.div(pos, g, rounding_mode="floor").to(torch.float64)
+            return grouped + self.window - self.window / g, grouped
+        return p - self.shift + self.window, p
+
+
+def remap_for(rope_scaling: str, train_len: int, window: Optional[int] = None,
+              shift: Optional[int] = None, factor: Optional[float] = None) -> Remap:
+    """The remap `rope_scaling` (one of REMAPS) with eval.rope_window, eval.rope_shift and
+    eval.rope_scaling_factor, each null taking its default at training length train_len."""
+    def default(fraction: float, at_least: int = 1) -> int:
+        return max(at_least, round(fraction * train_len))
+
+    if rope_scaling == "rerope":
+        return Remap("rerope", window or default(RE_ROPE_WINDOW), None, factor, train_len)
+    if rope_scaling == "self_extend":
+        return Remap("self_extend", window or default(SELF_EXTEND_WINDOW), None, factor,
+                     train_len)
+    return Remap("shifted_rope", window or default(STRING_LOCAL), shift or default(STRING_SHIFT, 2),
+                 None, train_len)
+
+
+def remap_record(eval_cfg, train_len: int) -> Optional[dict]:
+    """The remap in effect for results.json, defaults filled in: near (lags below it keep RoPE's
+    logit), window, shift and factor (null: ReRoPE's infinite k, Self-Extend's dynamic G); None
+    without a remap."""
+    if eval_cfg.rope_scaling not in REMAPS:
+        return None
+    remap = remap_for(eval_cfg.rope_scaling, train_len, eval_cfg.get("rope_window"),
+                      eval_cfg.get("rope_shift"), eval_cfg.get("rope_scaling_factor"))
+    return {"near": remap.near, "window": remap.window, "shift": remap.shift,
+            "factor": remap.factor}
+
+
+def check_remap(eval_cfg, train_len: int) -> None:
+    """Refuses, in one line, remap values that do not fit the training length L (the encoding's
+    check: it knows L)."""
+    remap = remap_for(eval_cfg.rope_scaling, train_len, eval_cfg.get("rope_window"),
+                      eval_cfg.get("rope_shift"), eval_cfg.get("rope_scaling_factor"))
+    key = "eval.rope_window"
+    if remap.name == "rerope":
+        require(remap.window <= train_len, key, remap.window,
+                f"a window of at most train.seq_len={train_len} for rerope (lags below it keep "
+                "RoPE's positions, which training saw only below L)")
+    elif remap.name == "self_extend":
+        require(remap.window < train_len, key, remap.window,
+                f"a neighbour window below train.seq_len={train_len} for self_extend")
+        factor = remap.factor
+        require(factor is None or float(factor).is_integer(), "eval.rope_scaling_factor", factor,
+                "an integer group size G >= 2 for self_extend, or null (the smallest G that fits "
+                "each length)")
+    else:
+        require(eval_cfg.get("rope_scaling_factor") is None, "eval.rope_scaling_factor",
+                eval_cfg.get("rope_scaling_factor"), "null for shifted_rope (it shifts lags, it "
+                "does not scale them)")
+        require(remap.shift <= train_len, "eval.rope_shift", remap.shift,
+                f"a shift S of at most train.seq_len={train_len}")
+        require(remap.window < remap.shift, key, remap.window,
+                f"a local window W below the shift S={remap.shift} for shifted_rope (far lags "
+                "d >= S land on d - S + W)")
+
+
 @register("rope", "rotates each query/key pair by position times a geometric frequency")
 class RoPE(PositionalEncoding):
     family = "rotary"
     relative = True
     rotary = True
+    rope_remaps = True
     past_train_len = "unseen rotation angles on the slow pairs; perplexity usually climbs past L"
     reference = "RoFormer (Su et al. 2021)"
+
+    remapping: Optional[Remap] = None  # the distance remap in effect, set with eval.rope_scaling
 
     @dataclass
     class Config(EncodingConfig):
@@ -103,6 +215,8 @@ class RoPE(PositionalEncoding):
         if run_cfg.eval.rope_scaling in ("ntk", "dynamic_ntk") and head_dim < 4:
             raise ConfigError(f"model.d_model/model.n_head={head_dim} is not accepted with "
                               "NTK scaling; expected a head dimension >= 4 (b' uses d/(d-2))")
+        if run_cfg.eval.rope_scaling in REMAPS:
+            check_remap(run_cfg.eval, run_cfg.train.seq_len)
 
     def __init__(self, cfg, dims):
         super().__init__(cfg, dims)
@@ -125,7 +239,7 @@ class RoPE(PositionalEncoding):
     def frequencies(self, n: int) -> Tuple[torch.Tensor, float]:
         """(theta, table factor) for a sequence of n tokens under eval.rope_scaling at scale
         self.scale(n); s = 1 leaves RoPE unchanged."""
-        s = 1.0 if self.rope_scaling == "none" else self.scale(n)
+        s = 1.0 if self.rope_scaling in ("none", *REMAPS) else self.scale(n)
         if s == 1:
             return self.inv_freq, 1.0
         if self.rope_scaling == "pi":
@@ -142,3 +256,35 @@ class RoPE(PositionalEncoding):
         inv_freq, factor = self.frequencies(q.shape[2])
         cos, sin = rope_tables(pos, inv_freq, q.dtype, factor)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+
+    def set_eval_options(self, rope_scaling="none", logn_scaling=False, rope_scaling_factor=None,
+                         randomized_positions="plain", rope_window=None, rope_shift=None):
+        if rope_scaling in REMAPS and not self.rope_remaps:
+            raise ValueError(f"rope_scaling={rope_scaling!r} needs RoPE's rotation alone, not "
+                             f"{type(self).__name__}'s")
+        super().set_eval_options(rope_scaling, logn_scaling, rope_scaling_factor,
+                                 randomized_positions, rope_window, rope_shift)
+        # a remap needs two logits per (query, key): its hook rotates q and k itself, in place of
+        # `rotate`, and the attention takes the remapped path (posbench/attention.py)
+        self.__dict__.pop("rotate", None)
+        self.__dict__.pop("remap", None)
+        self.remapping = None
+        if rope_scaling in REMAPS:
+            self.remapping = remap_for(rope_scaling, self.dims.train_len, rope_window, rope_shift,
+                                       rope_scaling_factor)
+            self.rotate, self.remap = None, self.remapped_heads
+
+    def remapped_heads(self, q, k, pos, layer):
+        """The `remap` hook: (near_q, near_k, far_q, far_k, is_near). Near keys (lag below
+        remapping.near) see RoPE's rotations at their positions; far ones the rotations at
+        Remap.far_positions, whose difference is the remapped lag."""
+        n, remap = q.shape[2], self.remapping
+        inv_freq, _ = self.frequencies(n)
+        lag = relative_lag(pos)  # reads the batch-shared row once, as the tables below do
+        rows = pos[:1] if pos.stride(0) == 0 else pos
+        near_q, near_k = (apply_rotary(x, *rope_tables(rows, inv_freq, q.dtype)) for x in (q, k))
+        q_pos, k_pos = remap.far_positions(rows, n)
+        far_q = apply_rotary(q, *rope_tables(q_pos, inv_freq, q.dtype))
+        far_k = apply_rotary(k, *rope_tables(k_pos, inv_freq, k.dtype))
+        return (near_q, near_k, far_q, far_k,
+                lambda b, q_idx, kv_idx: lag(b, q_idx, kv_idx) < remap.near)

@@ -29,6 +29,7 @@ class XPos(RoPE):
     family = "rotary"
     relative = True
     rotary = True
+    rope_remaps = False  # its decay also reads positions: a remapped lag has no one rotation
     past_train_len = "far keys are damped by zeta^(lag/B); optional blockwise causal attention"
     reference = "A Length-Extrapolatable Transformer (Sun et al. 2023)"
 
