@@ -151,13 +151,12 @@ def test_sinusoid_is_bounded_by_one_and_sin_is_at_even_dims():
 def test_sinusoid_amplitude_and_scale_input():
     x, pos = torch.randn(1, 5, 32), torch.arange(5).unsqueeze(0)
     pe = sinusoid_table(pos, 32, 1e4).float()
-    plain = build("sinusoidal").encoding
-    unit = build("sinusoidal", "encoding.amplitude=1.0", "encoding.scale_input=true").encoding
-    # default: sinusoids at the token embeddings' init std, the original's token:position ratio
-    torch.testing.assert_close(plain.embed(x, pos, 0), x + 0.02 * pe)
-    # fairseq's literal form: sqrt(D)-scaled tokens next to unit sinusoids
-    torch.testing.assert_close(unit.embed(x, pos, 0), x * math.sqrt(32) + pe)
-    assert torch.equal(unit.embed(x, pos, 1), x)
+    fairseq = build("sinusoidal").encoding
+    small = build("sinusoidal", "encoding.amplitude=0.02", "encoding.scale_input=false").encoding
+    # default: fairseq's form, sqrt(D)-scaled tokens next to unit sinusoids, at the input only
+    torch.testing.assert_close(fairseq.embed(x, pos, 0), x * math.sqrt(32) + pe)
+    assert torch.equal(fairseq.embed(x, pos, 1), x)
+    torch.testing.assert_close(small.embed(x, pos, 0), x + 0.02 * pe)
 
 
 # --- Learned -----------------------------------------------------------------------------------

@@ -83,9 +83,15 @@ def test_t5_bias_starts_as_the_reference_initializes_it():
     assert bias.std() == pytest.approx(std, rel=0.05)
 
 
-def test_sinusoids_start_at_the_token_embeddings_scale():
-    # the original Transformer's ratio: token embeddings of std 1 next to unit sinusoids; here
-    # both at the GPT's token init std, so that neither drowns the other
-    model = build("encoding=sinusoidal")
-    token_std = model.tok_emb.weight.detach().double().std().item()
-    assert model.encoding.cfg.amplitude == pytest.approx(token_std, rel=0.05)
+def test_sinusoidal_adds_unit_sinusoids_to_sqrt_d_scaled_tokens_as_fairseq():
+    # the Transformer's and fairseq's input: sqrt(D) * E[token] + PE(t), PE(t)[2i] = sin(t w_i),
+    # PE(t)[2i+1] = cos(t w_i), w_i = 10000^(-2i/D); re-derived here in float64
+    model = build("encoding=sinusoidal", "model.d_model=32", "model.n_head=2")
+    idx = torch.tensor([[3, 1, 4, 1, 5, 9]])
+    t = torch.arange(6, dtype=torch.float64)[:, None]
+    w = 10000.0 ** (-torch.arange(0, 32, 2, dtype=torch.float64) / 32)
+    pe = torch.zeros(6, 32, dtype=torch.float64)
+    pe[:, 0::2], pe[:, 1::2] = torch.sin(t * w), torch.cos(t * w)
+    tokens = model.tok_emb(idx).detach().double()
+    got = model.encoding.embed(model.tok_emb(idx), torch.arange(6)[None], 0).detach().double()
+    torch.testing.assert_close(got, math.sqrt(32) * tokens + pe, rtol=1e-6, atol=1e-6)

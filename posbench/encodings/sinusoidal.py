@@ -8,8 +8,6 @@ from posbench.errors import ConfigError
 from posbench.encodings.base import EncodingConfig, PositionalEncoding, register
 from posbench.encodings.rope import rope_inv_freq
 
-TOKEN_EMBEDDING_STD = 0.02  # the GPT's token embedding init (posbench/model.py)
-
 
 def sinusoid_table(pos: torch.Tensor, dim: int, base: float) -> torch.Tensor:
     """(..., dim) with sin at even and cos at odd channels; angles in float64 for long positions."""
@@ -28,14 +26,14 @@ class Sinusoidal(PositionalEncoding):
     class Config(EncodingConfig):
         base: float = 10000.0
         every_layer: bool = False
-        # PE = amplitude * (sin, cos). The original Transformer adds unit sinusoids to token
-        # embeddings of standard deviation 1 (initialized at D^-1/2, multiplied by sqrt(D)); this
-        # GPT's token embeddings start at 0.02, so the default scales the sinusoids to 0.02 and
-        # keeps the original's token-to-position ratio. Unit sinusoids here drown the tokens:
-        # training ends at the corpus's unigram loss.
-        amplitude: float = TOKEN_EMBEDDING_STD
-        # multiply the token embedding by sqrt(D) before adding PE (fairseq's embed_scale)
-        scale_input: bool = False
+        # PE = amplitude * (sin, cos), added to the token embedding multiplied by sqrt(D): the
+        # original Transformer's and fairseq's form (`embed_scale`), which the ALiBi paper's
+        # sinusoidal baseline had. Without the sqrt(D), unit sinusoids drown this GPT's token
+        # embeddings (init std 0.02) and training ends at the corpus's unigram loss; sinusoids at
+        # the tokens' init scale keep the tokens but stay fixed while the tied embeddings grow
+        # about 8x during training, so the position signal fades (docs/encodings.md).
+        amplitude: float = 1.0
+        scale_input: bool = True
 
     @classmethod
     def check(cls, cfg, run_cfg):
