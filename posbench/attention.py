@@ -10,6 +10,9 @@
                                    scores.
 - a remap (eval-time distance    -> blockwise, each block's logits picked per (query, key) from
   remaps of RoPE)                  two products, near and far (remapped_attention)
+Each layer's span (posbench/span.py) masks the keys outside it with the causal mask: FlexAttention's
+block mask on CUDA (also without a score_mod), and on CPU blocks that take only the keys in reach,
+so memory is bounded by the span's width.
 """
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from posbench.span import GLOBAL, Span
+
 # score elements per block: bounds the memory of the blockwise path (64 MiB of fp32 per tensor)
 BLOCK_ELEMENTS = 1 << 24
 # query rows per step of BiasedAttention's backward (measured on CPU: 64 beats 32 and 128)
@@ -28,17 +33,18 @@ BACKWARD_ROWS = 64
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, d_model: int, n_head: int, layer: int):
+    def __init__(self, d_model: int, n_head: int, layer: int, span: Span = GLOBAL):
         super().__init__()
         self.n_head = n_head
         self.layer = layer
+        self.span = span  # which keys each query sees (posbench/span.py)
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.proj = nn.Linear(d_model, d_model, bias=False)
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, encoding) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.heads(x, pos, encoding)
-        y = attend(q, k, v, pos, *encoding.at_layer(self.layer), x)
+        y = attend(q, k, v, pos, *encoding.at_layer(self.layer), x, span=self.span)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
     def heads(self, x: torch.Tensor, pos: torch.Tensor, encoding):
@@ -81,86 +87,105 @@ def bound_hooks(q, k, pos, encoding, layer, x=None):
     return score_mod, row_mod, value_mod
 
 
-def attend(q, k, v, pos, encoding, layer, x=None):
-    """Causal attention of q, k, v (B, H, T, d) under the encoding's hooks; x (B, T, D), the
-    attention's input, is needed by the encodings that read it (reads_input)."""
+def attend(q, k, v, pos, encoding, layer, x=None, span: Span = GLOBAL):
+    """Causal attention of q, k, v (B, H, T, d) under the encoding's hooks, each query seeing the
+    keys of its `span`; x (B, T, D), the attention's input, is needed by the encodings that read
+    it (reads_input)."""
     if q.dtype != v.dtype:
         # rotate kept q and k wider than v (the group family's shear under autocast): their
         # logits need it, and autocast would round them back to bf16 in SDPA and FlexAttention
         with torch.autocast(q.device.type, enabled=False):
-            return attend(q, k, v.to(q.dtype), pos, encoding, layer, x).to(v.dtype)
+            return attend(q, k, v.to(q.dtype), pos, encoding, layer, x, span).to(v.dtype)
     if encoding.remap is not None:
-        return remapped_attention(q, k, v, pos, encoding, layer)
+        return remapped_attention(q, k, v, pos, encoding, layer, span)
     score_mod, row_mod, value_mod = bound_hooks(q, k, pos, encoding, layer, x)
     if row_mod is None and value_mod is None:
-        if score_mod is None:
+        if score_mod is None and span.is_global:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        if q.is_cuda:
-            return flex_attention(q, k, v, score_mod)
-    additive = encoding.additive_score_mod and row_mod is None and value_mod is None
-    return blockwise_attention(q, k, v, score_mod, row_mod, value_mod, additive=additive)
+        if q.is_cuda:  # the span's block mask skips the blocks it hides
+            return flex_attention(q, k, v, score_mod, span)
+    # no score hook is a zero bias: a local span's blocks run as fused SDPA with its mask
+    additive = ((score_mod is None or encoding.additive_score_mod) and row_mod is None
+                and value_mod is None)
+    return blockwise_attention(q, k, v, score_mod, row_mod, value_mod, additive=additive,
+                               span=span)
 
 
-def blockwise_attention(q, k, v, score_mod=None, row_mod=None, value_mod=None, additive=False):
-    """Exact causal attention, one block of queries at a time against its key prefix.
+def blockwise_attention(q, k, v, score_mod=None, row_mod=None, value_mod=None, additive=False,
+                        span: Span = GLOBAL):
+    """Exact causal attention, one block of queries at a time against the keys its span shows.
     `additive`: score_mod only adds a bias, so each block runs as SDPA with that bias as mask."""
-    block = functools.partial(_bias_block, score_mod=score_mod) if additive else functools.partial(
-        _attend_block, score_mod=score_mod, row_mod=row_mod, value_mod=value_mod)
-    return by_row_blocks(q, k, v, block)
+    block = (functools.partial(_bias_block, score_mod=score_mod, span=span) if additive else
+             functools.partial(_attend_block, score_mod=score_mod, row_mod=row_mod,
+                               value_mod=value_mod, span=span))
+    return by_row_blocks(q, k, v, block, span)
 
 
-def by_row_blocks(q, k, v, block):
+def by_row_blocks(q, k, v, block, span: Span = GLOBAL):
     """Causal attention one block of query rows at a time: block(q rows, k prefix, v prefix,
     start, b, h) -> the rows' output, at most BLOCK_ELEMENTS scores per block, recomputed in
-    the backward pass when a gradient is needed."""
+    the backward pass when a gradient is needed. Under a local span a block takes only the keys
+    from the first one its first query sees (block(..., key_start=that index)), so memory is
+    bounded by the span's width, not by T."""
     B, H, T, _ = q.shape
-    rows = max(16, min(T, BLOCK_ELEMENTS // max(1, B * H * T)))
+    if span.is_global:
+        rows = max(16, min(T, BLOCK_ELEMENTS // max(1, B * H * T)))
+    else:  # a block of r rows sees at most r + w - 1 keys
+        rows = max(16, min(T, span.width, BLOCK_ELEMENTS // max(1, 2 * B * H * span.width)))
     b = torch.arange(B, device=q.device).view(B, 1, 1, 1)
     h = torch.arange(H, device=q.device).view(1, H, 1, 1)
     outputs = []
     for start in range(0, T, rows):
         end = min(T, start + rows)
-        args = (q[:, :, start:end], k[:, :, :end], v[:, :, :end], start, b, h)
+        first = span.first_key(start)
+        args = (q[:, :, start:end], k[:, :, first:end], v[:, :, first:end], start, b, h)
+        fn = functools.partial(block, key_start=first) if first else block
         if torch.is_grad_enabled() and rows < T:
-            outputs.append(checkpoint(block, *args, use_reentrant=False))
+            outputs.append(checkpoint(fn, *args, use_reentrant=False))
         else:
-            outputs.append(block(*args))
+            outputs.append(fn(*args))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
 
 
-def _bias_block(q, k, v, start, b, h, score_mod):
-    """One block through fused SDPA, the additive score_mod evaluated on zero scores as its mask:
-    (1, H, Tq, Tk) when the batch shares positions, expanded to 4-D B, H without copying (CPU's
-    fused kernel needs that)."""
+def _bias_block(q, k, v, start, b, h, score_mod, key_start=0, span: Span = GLOBAL):
+    """One block through fused SDPA, the additive score_mod evaluated on zero scores as its mask
+    (none: zeros): (1, H, Tq, Tk) when the batch shares positions, expanded to 4-D B, H without
+    copying (CPU's fused kernel needs that). Its keys start at sequence index key_start."""
     Tq, Tk = q.shape[2], k.shape[2]
-    q_idx, kv_idx = block_indices(start, Tq, Tk, q.device)
-    bias = score_mod(torch.zeros((), dtype=q.dtype, device=q.device), b, h, q_idx, kv_idx)
-    mask = bias.to(q.dtype).masked_fill(kv_idx > q_idx, float("-inf"))
+    q_idx, kv_idx = block_indices(start, Tq, Tk, q.device, key_start)
+    if score_mod is None:
+        bias = torch.zeros(1, 1, Tq, Tk, dtype=q.dtype, device=q.device)
+    else:
+        bias = score_mod(torch.zeros((), dtype=q.dtype, device=q.device), b, h, q_idx, kv_idx)
+    mask = bias.to(q.dtype).masked_fill(span.hidden(q_idx, kv_idx), float("-inf"))
     if mask.requires_grad:
-        return BiasedAttention.apply(q, k, v, mask, start)
+        return BiasedAttention.apply(q, k, v, mask, start - key_start)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.expand(*q.shape[:2], Tq, Tk))
 
 
-def block_indices(start: int, Tq: int, Tk: int, device):
+def block_indices(start: int, Tq: int, Tk: int, device, key_start: int = 0):
     """q_idx (1, 1, Tq, 1) of the block's queries, which start at sequence index `start`, and
-    kv_idx (1, 1, 1, Tk) of its keys: the index tensors a score_mod broadcasts over."""
+    kv_idx (1, 1, 1, Tk) of its keys, which start at `key_start`: the index tensors a score_mod
+    broadcasts over."""
     return (torch.arange(start, start + Tq, device=device).view(1, 1, Tq, 1),
-            torch.arange(Tk, device=device).view(1, 1, 1, Tk))
+            torch.arange(key_start, key_start + Tk, device=device).view(1, 1, 1, Tk))
 
 
-def _attend_block(q, k, v, start, b, h, score_mod, row_mod, value_mod):
+def _attend_block(q, k, v, start, b, h, score_mod, row_mod, value_mod, key_start=0,
+                  span: Span = GLOBAL):
     """One block from dense fp32 scores, for any combination of hooks."""
-    probs, q_idx, kv_idx = _block_probs(q, k, start, b, h, score_mod, row_mod)
+    probs, q_idx, kv_idx = _block_probs(q, k, start, b, h, score_mod, row_mod, key_start, span)
     out = probs @ v.to(probs.dtype)
     if value_mod is not None:
         out = out + value_mod(probs, q_idx=q_idx, kv_idx=kv_idx)
     return out.to(v.dtype)
 
 
-def _block_probs(q, k, start, b, h, score_mod, row_mod):
+def _block_probs(q, k, start, b, h, score_mod, row_mod, key_start=0, span: Span = GLOBAL):
     """Causal attention probabilities (B, H, Tq, Tk) in fp32 at least of the query block that
-    starts at sequence index `start`, with its q_idx and kv_idx."""
-    q_idx, kv_idx = block_indices(start, q.shape[2], k.shape[2], q.device)
+    starts at sequence index `start` against keys from `key_start`, each query seeing its span,
+    with the block's q_idx and kv_idx."""
+    q_idx, kv_idx = block_indices(start, q.shape[2], k.shape[2], q.device, key_start)
     dtype = torch.promote_types(q.dtype, torch.float32)  # logits in fp32 at least, even under bf16
     # scaling q, not the scores, saves a pass over the block's scores; autocast off, or it
     # would round the fp32 operands back to bf16
@@ -168,40 +193,42 @@ def _block_probs(q, k, start, b, h, score_mod, row_mod):
         scores = (q.to(dtype) / math.sqrt(q.shape[-1])) @ k.to(dtype).transpose(-2, -1)
     if score_mod is not None:
         scores = score_mod(scores, b, h, q_idx, kv_idx)
-    future = kv_idx > q_idx
+    future = span.hidden(q_idx, kv_idx)  # and keys outside the span
     scores = scores.masked_fill(future, float("-inf"))
     if row_mod is not None:
         scores = row_mod(scores, q_idx=q_idx, kv_idx=kv_idx).masked_fill(future, float("-inf"))
     return torch.softmax(scores, dim=-1), q_idx, kv_idx
 
 
-def attention_probs(q, k, pos, encoding, layer, start=0, end=None, x=None):
+def attention_probs(q, k, pos, encoding, layer, start=0, end=None, x=None, span: Span = GLOBAL):
     """Attention probabilities (B, H, end - start, end) of queries start..end-1 from q and k as
     CausalSelfAttention.heads returns them: the dense-score path every hook goes through, for
-    inspecting what a trained model attends to (value_mod changes the output, not these)."""
+    inspecting what a trained model attends to (value_mod changes the output, not these); keys
+    outside the layer's span get 0."""
     end = q.shape[2] if end is None else end
     if encoding.remap is not None:
         q, k, is_near = _remapped_heads(q, k, pos, encoding, layer)
         b = torch.arange(q.shape[0], device=q.device).view(-1, 1, 1, 1)
-        return _remap_probs(q[:, :, start:end], k[:, :, :end], start, b, is_near)
+        return _remap_probs(q[:, :, start:end], k[:, :, :end], start, b, is_near, span=span)
     score_mod, row_mod, _ = bound_hooks(q, k, pos, encoding, layer, x)
     b = torch.arange(q.shape[0], device=q.device).view(-1, 1, 1, 1)
     h = torch.arange(q.shape[1], device=q.device).view(1, -1, 1, 1)
-    return _block_probs(q[:, :, start:end], k[:, :, :end], start, b, h, score_mod, row_mod)[0]
+    return _block_probs(q[:, :, start:end], k[:, :, :end], start, b, h, score_mod, row_mod,
+                        span=span)[0]
 
 
-def remapped_attention(q, k, v, pos, encoding, layer):
+def remapped_attention(q, k, v, pos, encoding, layer, span: Span = GLOBAL):
     """Causal attention under the encoding's `remap` hook (RoPE's eval-time distance remaps,
     posbench/encodings/rope.py): the logit of query i and key j is near_q_i . near_k_j / sqrt(d)
     where is_near, else far_q_i . far_k_j / sqrt(d), exactly, from dense fp32 scores a block of
-    query rows at a time (the blockwise path's memory bound)."""
+    query rows at a time (the blockwise path's memory bound), each query seeing its span."""
     q2, k2, is_near = _remapped_heads(q, k, pos, encoding, layer)
 
-    def block(q, k, v, start, b, h):
-        probs = _remap_probs(q, k, start, b, is_near)
+    def block(q, k, v, start, b, h, key_start=0):
+        probs = _remap_probs(q, k, start, b, is_near, key_start, span)
         return (probs @ v.to(probs.dtype)).to(v.dtype)
 
-    return by_row_blocks(q2, k2, v, block)
+    return by_row_blocks(q2, k2, v, block, span)
 
 
 def _remapped_heads(q, k, pos, encoding, layer):
@@ -211,18 +238,19 @@ def _remapped_heads(q, k, pos, encoding, layer):
     return torch.cat((near_q, far_q), -1), torch.cat((near_k, far_k), -1), is_near
 
 
-def _remap_probs(q, k, start, b, is_near):
-    """Probabilities (B, H, Tq, Tk) of the block of queries at sequence index start.. from
-    _remapped_heads' q and k; b (B, 1, 1, 1) indexes the batch for is_near."""
+def _remap_probs(q, k, start, b, is_near, key_start=0, span: Span = GLOBAL):
+    """Probabilities (B, H, Tq, Tk) of the block of queries at sequence index start.. against
+    the keys from key_start, from _remapped_heads' q and k; b (B, 1, 1, 1) indexes the batch for
+    is_near."""
     d = q.shape[-1] // 2
-    q_idx, kv_idx = block_indices(start, q.shape[2], k.shape[2], q.device)
+    q_idx, kv_idx = block_indices(start, q.shape[2], k.shape[2], q.device, key_start)
     dtype = torch.promote_types(q.dtype, torch.float32)
     with torch.autocast(q.device.type, enabled=False):
         near_q, far_q = (q.to(dtype) / math.sqrt(d)).split(d, -1)
         near_k, far_k = k.to(dtype).split(d, -1)
         scores = torch.where(is_near(b, q_idx, kv_idx), near_q @ near_k.transpose(-2, -1),
                              far_q @ far_k.transpose(-2, -1))
-    return torch.softmax(scores.masked_fill(kv_idx > q_idx, float("-inf")), dim=-1)
+    return torch.softmax(scores.masked_fill(span.hidden(q_idx, kv_idx), float("-inf")), dim=-1)
 
 
 class BiasedAttention(torch.autograd.Function):
@@ -268,15 +296,11 @@ class BiasedAttention(torch.autograd.Function):
         return grad_q, grad_k, grad_v, grad_mask, None
 
 
-def _causal(b, h, q_idx, kv_idx):
-    return q_idx >= kv_idx
-
-
 @functools.lru_cache(maxsize=8)
-def _causal_block_mask(T: int, device: str):
+def _block_mask(T: int, device: str, span: Span):
     from torch.nn.attention.flex_attention import create_block_mask
 
-    return create_block_mask(_causal, None, None, T, T, device=device)
+    return create_block_mask(span.mask_mod(), None, None, T, T, device=device)
 
 
 @functools.lru_cache(maxsize=1)
@@ -286,13 +310,15 @@ def _compiled_flex():
     return torch.compile(flex, dynamic=False)
 
 
-def flex_attention(q, k, v, score_mod):
+def flex_attention(q, k, v, score_mod, span: Span = GLOBAL):
+    """FlexAttention with the span's block mask (causal for a global span); score_mod may be
+    None."""
     from torch.nn.attention.flex_attention import create_block_mask
     from torch.nn.attention.flex_attention import flex_attention as flex
 
     T = q.shape[2]
     if torch.compiler.is_compiling():  # in train.compile's graph: traced into it, no caches
-        mask = create_block_mask(_causal, None, None, T, T, device=q.device)
+        mask = create_block_mask(span.mask_mod(), None, None, T, T, device=q.device)
         return flex(q, k, v, score_mod=score_mod, block_mask=mask)
-    mask = _causal_block_mask(T, str(q.device))
+    mask = _block_mask(T, str(q.device), span)
     return _compiled_flex()(q, k, v, score_mod=score_mod, block_mask=mask)

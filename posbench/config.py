@@ -15,7 +15,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from posbench.data import check_dataset, dataset_class
-from posbench.errors import ConfigError, require
+from posbench.errors import ConfigError, did_you_mean, require
 
 
 @dataclass
@@ -24,6 +24,12 @@ class ModelConfig:
     n_head: int = 4
     d_model: int = 128
     mlp_ratio: int = 4
+    # which keys a query sees in every layer (a `layers` encoding may set it per layer kind):
+    # global (all earlier ones), sliding (the attention_window most recent), chunked (those of
+    # its own chunk of attention_window tokens); posbench/span.py
+    attention: str = "global"
+    # the width w of sliding and chunked layers, in tokens; null: train.seq_len // 4
+    attention_window: Optional[int] = None
 
 
 @dataclass
@@ -226,6 +232,18 @@ def _check_attention(m) -> None:
         _positive("model.attention_window", window)
 
 
+def _check_attention(m) -> None:
+    from posbench.span import ATTENTIONS
+
+    # runs saved before these keys existed take their defaults
+    attention = m.get("attention", ModelConfig.attention)
+    require(attention in ATTENTIONS, "model.attention", attention,
+            f"one of {ATTENTIONS}{did_you_mean(attention, ATTENTIONS)}")
+    window = m.get("attention_window")
+    if window is not None:
+        _positive("model.attention_window", window)
+
+
 def _check_retrieval(cfg) -> None:
     # runs saved before these keys existed take their defaults
     tolerance = cfg.eval.get("ppl_tolerance", EvalConfig.ppl_tolerance)
@@ -273,6 +291,7 @@ def check(cfg: DictConfig) -> None:
         _positive(f"model.{key}", m[key])
     require(m.d_model % m.n_head == 0, "model.d_model", m.d_model,
              f"a multiple of model.n_head={m.n_head}")
+    _check_attention(m)
     for key in ("seq_len", "steps", "batch_size", "log_every"):
         _positive(f"train.{key}", cfg.train[key])
     require(cfg.train.ckpt_every >= 0, "train.ckpt_every", cfg.train.ckpt_every,

@@ -6,7 +6,7 @@ posbench/encodings/base.py), so there is no encoding-specific branch here.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -14,6 +14,7 @@ from torch import nn
 
 from posbench.attention import CausalSelfAttention
 from posbench.encodings import Dims, PositionalEncoding, build_encoding, positions_for
+from posbench.span import GLOBAL, Span, default_width
 
 
 class MLP(nn.Module):
@@ -27,10 +28,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, d_model: int, n_head: int, mlp_ratio: int, layer: int):
+    def __init__(self, d_model: int, n_head: int, mlp_ratio: int, layer: int, span: Span = GLOBAL):
         super().__init__()
         self.ln_1 = nn.LayerNorm(d_model)
-        self.attn = CausalSelfAttention(d_model, n_head, layer)
+        self.attn = CausalSelfAttention(d_model, n_head, layer, span)
         self.ln_2 = nn.LayerNorm(d_model)
         self.mlp = MLP(d_model, mlp_ratio)
 
@@ -41,10 +42,12 @@ class Block(nn.Module):
 
 class GPT(nn.Module):
     def __init__(self, vocab_size: int, n_layer: int, n_head: int, d_model: int, mlp_ratio: int,
-                 encoding: PositionalEncoding):
+                 encoding: PositionalEncoding, spans: Optional[List[Span]] = None):
         super().__init__()
+        spans = spans or [GLOBAL] * n_layer  # each layer's attention span (posbench/span.py)
         self.tok_emb = nn.Embedding(vocab_size, d_model)
-        self.blocks = nn.ModuleList(Block(d_model, n_head, mlp_ratio, i) for i in range(n_layer))
+        self.blocks = nn.ModuleList(Block(d_model, n_head, mlp_ratio, i, spans[i])
+                                    for i in range(n_layer))
         self.ln_f = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
         self.head.weight = self.tok_emb.weight  # weight tying
@@ -101,5 +104,19 @@ def build_model(cfg: DictConfig, vocab_size: Optional[int] = None):
     m = cfg.model
     dims = Dims(n_layer=m.n_layer, n_head=m.n_head, d_model=m.d_model,
                 train_len=cfg.train.seq_len, max_len=max([cfg.train.seq_len, *cfg.eval.lengths]))
+    encoding = build_encoding(cfg, dims)
     return GPT(vocab_size or dataset_vocab(cfg.dataset), m.n_layer, m.n_head, m.d_model,
-               m.mlp_ratio, build_encoding(cfg, dims))
+               m.mlp_ratio, encoding, layer_spans(cfg, encoding))
+
+
+def layer_spans(cfg: DictConfig, encoding: PositionalEncoding) -> List[Span]:
+    """Each layer's attention span: model.attention, or what the encoding sets for that layer
+    (a `layers` pattern's per-kind attention), of width model.attention_window (null: L/4)."""
+    m = cfg.model
+    kind = m.get("attention", "global")  # runs saved before the key existed: global
+    width = m.get("attention_window") or default_width(cfg.train.seq_len)
+    spans = []
+    for layer in range(m.n_layer):
+        layer_kind = encoding.attention_options(layer).get("attention", kind)
+        spans.append(GLOBAL if layer_kind == "global" else Span(layer_kind, width))
+    return spans

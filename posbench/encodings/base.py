@@ -140,6 +140,11 @@ class PositionalEncoding(nn.Module):
         itself and `layer`, but for a composition (`layers`) that gives each layer its own."""
         return self, layer
 
+    def attention_options(self, layer: int) -> Dict[str, str]:
+        """What this encoding sets of model layer `layer`'s attention, over the model's keys:
+        {"attention": ...}; {} keeps model.attention (read once, when the model is built)."""
+        return {}
+
 
 @dataclass(frozen=True)
 class Entry:

@@ -18,6 +18,7 @@ from torch import nn
 
 from posbench.encodings.base import EncodingConfig, PositionalEncoding, register, registry
 from posbench.errors import ConfigError, did_you_mean
+from posbench.span import ATTENTIONS
 
 
 @dataclass
@@ -25,10 +26,24 @@ class LayersConfig(EncodingConfig):
     # the encoding of each layer, by registered name (with its default config), repeated to
     # model.n_layer: layer i takes pattern[i % len(pattern)]
     pattern: List[str] = field(default_factory=lambda: ["rope"])
+    # per pattern entry, repeated with it: the attention span of that kind of layer (global,
+    # sliding, chunked; posbench/span.py) of width model.attention_window; empty: model.attention
+    attention: List[str] = field(default_factory=list)
+
+
+# the recipes at posbench's scale, every fourth layer a global NoPE layer (docs/encodings.md says
+# why the local span defaults to L/4)
+IROPE = LayersConfig(pattern=["rope", "rope", "rope", "nope"],
+                     attention=["chunked", "chunked", "chunked", "global"])
+RNOPE_SWA = LayersConfig(pattern=["rope", "rope", "rope", "nope"],
+                         attention=["sliding", "sliding", "sliding", "global"])
 
 
 @register("layers", "a pattern of registered encodings, one per layer, repeated to the depth",
           LayersConfig())
+@register("irope", "Llama 4's iRoPE: RoPE layers with chunked local attention, every 4th layer "
+          "global NoPE", IROPE)
+@register("rnope_swa", "RNoPE-SWA: 3 sliding-window RoPE layers to 1 global NoPE layer", RNOPE_SWA)
 class Layers(PositionalEncoding):
     family = "hybrid"
     relative = True  # an instance takes the conjunction of its kinds'
@@ -53,6 +68,16 @@ class Layers(PositionalEncoding):
                 raise ConfigError(f"encoding.pattern entry {name!r} is not accepted; expected an "
                                   "encoding that acts within a layer (not a pattern itself, and "
                                   "without a positions hook: positions are shared by all layers)")
+        for key in ("attention",):
+            values = list(getattr(cfg, key))
+            if values and len(values) != len(cfg.pattern):
+                raise ConfigError(f"encoding.{key}={values} is not accepted; expected one value "
+                                  f"per entry of encoding.pattern={list(cfg.pattern)}, or [] (the "
+                                  f"model's)")
+        for kind in cfg.attention:
+            if kind not in ATTENTIONS:
+                raise ConfigError(f"encoding.attention entry {kind!r} is not accepted"
+                                  f"{did_you_mean(kind, ATTENTIONS)}; expected one of {ATTENTIONS}")
         kinds = [entries[name] for name in dict.fromkeys(cfg.pattern)]
         if run_cfg.eval.rope_scaling != "none" and not any(e.cls.rotary for e in kinds):
             raise ConfigError(f"eval.rope_scaling={run_cfg.eval.rope_scaling!r} is not accepted; "
@@ -78,6 +103,11 @@ class Layers(PositionalEncoding):
 
     def at_layer(self, layer):
         return self.layer_map[layer]
+
+    def attention_options(self, layer):
+        if not self.cfg.attention:
+            return {}
+        return {"attention": self.cfg.attention[layer % len(self.cfg.pattern)]}
 
     def set_eval_options(self, rope_scaling="none", *args, **kwargs):
         super().set_eval_options(rope_scaling, *args, **kwargs)
