@@ -232,18 +232,6 @@ def _check_attention(m) -> None:
         _positive("model.attention_window", window)
 
 
-def _check_attention(m) -> None:
-    from posbench.span import ATTENTIONS
-
-    # runs saved before these keys existed take their defaults
-    attention = m.get("attention", ModelConfig.attention)
-    require(attention in ATTENTIONS, "model.attention", attention,
-            f"one of {ATTENTIONS}{did_you_mean(attention, ATTENTIONS)}")
-    window = m.get("attention_window")
-    if window is not None:
-        _positive("model.attention_window", window)
-
-
 def _check_retrieval(cfg) -> None:
     # runs saved before these keys existed take their defaults
     tolerance = cfg.eval.get("ppl_tolerance", EvalConfig.ppl_tolerance)
