@@ -19,7 +19,7 @@ from posbench.config import check, register_schemas
 from posbench.encodings import list_encodings
 from posbench.errors import ConfigError
 from posbench.model import build_model
-from posbench.train import Run, load_run
+from posbench.run import Run, load_run
 from posbench.version import __version__
 
 register_schemas()

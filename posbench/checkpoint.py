@@ -1,6 +1,6 @@
 """checkpoint.pt: a plain torch.save of the training state (tensors and plain containers only, so
-`torch.load(path, weights_only=True)` opens it as it is), and beside it checkpoint.pt.sha256, its
-digest in `sha256sum` format (`sha256sum -c checkpoint.pt.sha256` checks it). A corrupt or
+`torch.load(path, weights_only=True)` opens it as it is; its keys are Checkpoint's fields, the
+version under "posbench"), and beside it checkpoint.pt.sha256, its digest in `sha256sum` format (`sha256sum -c checkpoint.pt.sha256` checks it). A corrupt or
 truncated checkpoint is refused by its digest with one clear line instead of being loaded.
 
 Written atomically, in an order that keeps the digest of the checkpoint on disk listed after a
@@ -10,12 +10,14 @@ one rename, so a Ctrl-C between the checkpoint being in place and save_checkpoin
 caller then believes the older one is kept) has almost no room to land."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import os
 import pickle
+from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -66,3 +68,37 @@ def load_checkpoint(path: Path) -> dict:
         raise CheckpointError(f"checkpoint {path} is corrupt or unreadable ({reason}); expected one "
                           f"written by posbench with its {digests.name}: delete {path.name}* to "
                           "train from step 0 (nothing was overwritten)") from None
+
+
+@dataclass
+class Checkpoint:
+    """What checkpoint.pt holds: the state an exact resume needs, and what loading the trained
+    model needs (config, vocab_size, model). The one place that knows the file's keys."""
+    version: str  # the posbench version that wrote it
+    config: dict  # the resolved config of the run
+    dataset: str  # the fingerprint of the corpus it was trained on
+    vocab_size: int
+    step: int  # steps done
+    model: dict  # state_dict
+    optimizer: dict
+    rng: dict  # posbench/device.py: rng_state
+    window: torch.Tensor  # per-step losses of the open log window
+    final_loss: float  # mean of the last closed log window
+    last_loss: Optional[float]  # last finite per-step loss
+    seconds: float  # training time over every start so far
+
+    def save(self, path: Path) -> None:
+        state = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        state["posbench"] = state.pop("version")
+        save_checkpoint(path, state)
+
+    @classmethod
+    def load(cls, path: Path) -> "Checkpoint":
+        """Checked against its digest, on CPU; a file without these keys is refused."""
+        state = load_checkpoint(path)
+        names = {field.name for field in dataclasses.fields(cls)} - {"version"} | {"posbench"}
+        if set(state) != names:
+            raise CheckpointError(f"checkpoint {path} is not accepted: it holds {sorted(state)}; "
+                                  f"expected a posbench checkpoint, which holds {sorted(names)}")
+        state["version"] = state.pop("posbench")
+        return cls(**state)

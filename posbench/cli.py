@@ -102,13 +102,12 @@ def _dry_run_job(name: str, est, refused: Optional[str], room: Optional[int], so
     _dry_run["refused"] += bool(refused)
 
 
-def _finished_run(cfg: DictConfig, run_dir: Path) -> None:
-    """A finished run asked for again: nothing to do, or the eval settings it was not scored
-    with, scored from its checkpoint as `posbench eval` does."""
+def _finished_run(cfg: DictConfig, run_dir: Path, record: dict) -> None:
+    """A finished run asked for again (`record`: its results.json): nothing to do, or the eval
+    settings it was not scored with, scored from its checkpoint as `posbench eval` does."""
     from posbench.reeval import change_label, eval_changes, reevaluate
-    from posbench.train import read_results
 
-    changes = eval_changes(read_results(run_dir)["config"], to_container(cfg))
+    changes = eval_changes(record["config"], to_container(cfg))
     if not changes:
         print(f"posbench: skipped {run_dir}: it holds this run, finished (results.json, "
               "status ok)")
@@ -116,7 +115,7 @@ def _finished_run(cfg: DictConfig, run_dir: Path) -> None:
     print(f"posbench: {run_dir} holds this run, finished; scoring its checkpoint with the new "
           f"eval settings ({change_label(changes)}), as `posbench eval {run_dir}` does")
     if distributed.is_main():
-        reevaluate(cfg, run_dir)
+        reevaluate(cfg, run_dir, record)
 
 
 @hydra.main(version_base=None, config_path="pkg://posbench.conf", config_name="config")
@@ -126,7 +125,8 @@ def train_app(cfg: DictConfig) -> None:
     so that a sweep goes on."""
     from posbench.estimate import available_memory, describe, estimate, eval_warning, gib, refusal
     from posbench.loggers import wandb_group
-    from posbench.train import RunFailed, finished, plan_run, resolve_device, train
+    from posbench.device import resolve_device
+    from posbench.run import RunDir, RunFailed, train
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
@@ -139,8 +139,9 @@ def train_app(cfg: DictConfig) -> None:
         refused = refusal(cfg, est, room, source)
         if _dry_run is not None:
             return _dry_run_job(run_dir.name if multirun else "run", est, refused, room, source)
-        if finished(cfg, run_dir):
-            return _finished_run(cfg, run_dir)
+        run = RunDir(cfg, run_dir)
+        if run.finished:
+            return _finished_run(cfg, run_dir, run.finished)
         if refused:
             raise ConfigError(refused)
         if main_rank:
@@ -150,7 +151,7 @@ def train_app(cfg: DictConfig) -> None:
             warning = eval_warning(est, room)
             if warning:
                 print(f"posbench: warning: {warning}")
-        start = plan_run(cfg, run_dir)
+        start = run.plan()
     except PosbenchError as err:
         if multirun:
             _record_refusal(run_dir, err)
@@ -161,8 +162,8 @@ def train_app(cfg: DictConfig) -> None:
         return _job_error(f"run {str(run_dir)!r} could not start: {one_line(err)}", 1)
     if main_rank:
         (run_dir / REFUSED).unlink(missing_ok=True)  # an earlier start's refusal no longer holds
-        if start.state:
-            print(f"posbench: resuming from step {start.state['step']} of {cfg.train.steps} "
+        if start.checkpoint:
+            print(f"posbench: resuming from step {start.checkpoint.step} of {cfg.train.steps} "
                   f"({CHECKPOINT})")
     try:
         _save_hydra_files(run_dir, cfg)

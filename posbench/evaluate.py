@@ -5,7 +5,6 @@ exact-match accuracy."""
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
 from typing import List, Optional
 
 import numpy as np
@@ -16,6 +15,7 @@ from omegaconf import OmegaConf
 from posbench.config import EvalConfig
 from posbench.data.windows import EvalPlan, eval_plan
 from posbench.encodings.base import EVAL_OPTIONS
+from posbench.device import autocast
 from posbench.progress import Bar
 
 MAX_BINS = 64  # per-position bins per length
@@ -53,15 +53,13 @@ def evaluate(model, data, eval_cfg, device: torch.device,
     # a key missing from a partial eval config takes EvalConfig's default
     model.encoding.set_eval_options(*(eval_cfg.get(key, getattr(EvalConfig, key))
                                       for key in EVAL_OPTIONS))
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
-                else nullcontext())
     # every length's windows are checked before the first is scored
     plans = [eval_plan(data, length, eval_cfg) for length in eval_cfg.lengths]
     curve = []
     bar = Bar("eval", len(plans), "length")
     for plan in plans:
         try:
-            with autocast:
+            with autocast(device):
                 curve.append(_score(model, plan, eval_cfg.batch_tokens, device))
         except Exception as err:  # noqa: BLE001 - only out-of-memory is recorded, not hidden
             if not is_oom(err):

@@ -27,7 +27,8 @@ from posbench.data import prepare
 from posbench.data.windows import eval_plan
 from posbench.io import write_json
 from posbench.plots import pyplot, save_figure
-from posbench.train import resolve_device, trained_model
+from posbench.device import resolve_device
+from posbench.run import trained_model
 
 TABLE = "encoding.tables.0"  # the learned absolute table (encoding=learned), rows x D
 WINDOWS = 4  # validation windows per length: enough for a mean, cheap on CPU

@@ -19,7 +19,7 @@ from posbench.loggers import make_logger, run_group
 from posbench.resolvers import summary
 from posbench.results import load_results, print_curve, results_record, write_results
 from posbench.retrieval import evaluate_retrieval, plan_passkeys
-from posbench.train import finished_results, prepare_run, trained_model
+from posbench.run import finished_results, prepare_run, trained_model
 
 
 def override_text(value: Any) -> str:
@@ -63,11 +63,12 @@ def rescore_name(tag: str) -> str:
     return f"results.eval-{tag}.json"
 
 
-def reevaluate(cfg: DictConfig, run_dir: Path) -> Optional[dict]:
+def reevaluate(cfg: DictConfig, run_dir: Path, trained: Optional[dict] = None) -> Optional[dict]:
     """Scores run_dir's checkpoint with cfg's eval keys into results.eval-<tag>.json; returns its
-    record, or None when there was nothing to do (nothing changed, or that re-score exists)."""
+    record, or None when there was nothing to do (nothing changed, or that re-score exists).
+    `trained`: the run's results.json when the caller has read it already."""
     run_dir = Path(run_dir)
-    trained = finished_results(run_dir)
+    trained = trained or finished_results(run_dir)
     config = to_container(cfg)
     changes = eval_changes(trained["config"], config)
     if not changes:

@@ -21,7 +21,6 @@ text, keys of 1 to TRAIN_KEY_TOKENS tokens at uniform depths, drawn per (seed, s
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
 from typing import List, Optional
 
 import numpy as np
@@ -34,6 +33,7 @@ from posbench.data.base import dataset_config
 from posbench.data.tokenize import Tokenizer
 from posbench.encodings.base import EVAL_OPTIONS
 from posbench.evaluate import is_oom, with_train_length
+from posbench.device import autocast
 from posbench.progress import Bar
 from posbench.plots import pyplot, save_figure
 
@@ -219,8 +219,6 @@ def evaluate_retrieval(model, passkeys: Passkeys, eval_cfg, train_len: int,
     model.eval()
     model.encoding.set_eval_options(*(eval_cfg.get(key, getattr(EvalConfig, key))
                                       for key in EVAL_OPTIONS))
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
-                else nullcontext())
     lengths = retrieval_lengths(eval_cfg, train_len)
     grid = []
     bar = Bar("retrieval", len(lengths) * len(r.depths), "cell")
@@ -231,7 +229,7 @@ def evaluate_retrieval(model, passkeys: Passkeys, eval_cfg, train_len: int,
                                    for a in sequences(passkeys, r, length, depth))
             cell = {"length": length, "depth": depth}
             try:
-                with autocast:
+                with autocast(device):
                     scores = [key_scores(model, rows[i:i + per_batch], first[i:i + per_batch],
                                          second[i:i + per_batch], r.key_tokens)
                               for i in range(0, len(rows), per_batch)]

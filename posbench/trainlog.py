@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 
 from posbench.config import EvalConfig
 from posbench.data.windows import eval_plan
+from posbench.device import autocast
 from posbench.encodings.base import EVAL_OPTIONS
 from posbench.io import write_text
 from posbench.plots import pyplot, save_figure
@@ -64,11 +65,11 @@ class Validation:
     (for a task, its first instances), the same at every call. The model is scored as
     evaluation scores it with the default eval options, then put back in training mode."""
 
-    def __init__(self, data, seq_len: int, windows: int, device: torch.device, autocast):
+    def __init__(self, data, seq_len: int, windows: int, device: torch.device):
         self.plan = eval_plan(data, seq_len, OmegaConf.create(
             {"protocol": "nonoverlapping", "tokens": windows * seq_len, "stride": None,
              "lengths": [seq_len]}))
-        self.windows, self.device, self.autocast = windows, device, autocast
+        self.windows, self.device = windows, device
 
     @torch.no_grad()
     def __call__(self, model) -> float:
@@ -76,7 +77,7 @@ class Validation:
         model.encoding.set_eval_options(*(getattr(EvalConfig, key) for key in EVAL_OPTIONS))
         rows, answers = self.plan.rows(0, self.windows)
         rows = torch.from_numpy(rows.astype(np.int64)).to(self.device)
-        with self.autocast:
+        with autocast(self.device):
             losses = model.token_losses(rows[:, :-1], rows[:, 1:]).double()
         model.train()
         if answers is None:

@@ -6,7 +6,7 @@ import torch
 
 import posbench
 from posbench.encodings import registry
-from posbench.train import train
+from posbench.run import train
 
 NAMES = sorted(registry())
 SMALL = ["model.n_layer=2", "model.d_model=64", "model.n_head=4", "train.seq_len=64"]
