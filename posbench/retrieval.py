@@ -77,6 +77,9 @@ class Passkeys:
         self.alphabet = symbols[seen[symbols] > 0]
         self.data = data
         self.stop = self.encode(". ")
+        # dataset.bos: every sequence starts with the BOS token, as every window does
+        self.start = np.array([data.bos] if getattr(data, "bos", None) is not None else [],
+                              dtype=np.int64)
 
     def needle(self, name: str) -> np.ndarray:
         return self.encode(f"the key{name} is ")
@@ -87,7 +90,7 @@ class Passkeys:
     def overhead(self, keys: int) -> int:
         """Tokens of a sequence with `keys` keys that are neither filler nor key."""
         names = [f" {i + 1}" if keys > 1 else "" for i in range(keys)]
-        return (sum(len(self.needle(n)) + len(self.stop) for n in names)
+        return (len(self.start) + sum(len(self.needle(n)) + len(self.stop) for n in names)
                 + max(len(self.question(n)) for n in names))
 
     def check(self, length: int, keys: int, key_tokens: int, what: str) -> None:
@@ -108,11 +111,11 @@ class Passkeys:
                   for _ in range(keys)]
         needles = [np.concatenate([self.needle(n), v, self.stop]) for n, v in zip(names, values)]
         question = self.question(names[asked])
-        filler = length + 1 - sum(map(len, needles)) - len(question) - key_tokens
+        filler = length + 1 - len(self.start) - sum(map(len, needles)) - len(question) - key_tokens
         offsets = rng.integers(0, filler + 1, size=keys)
         offsets[asked] = round(depth * filler)
         text = self._filler(rng, filler, split)
-        pieces, at, first = [], 0, 0
+        pieces, at, first = [self.start], 0, 0
         for i in sorted(range(keys), key=lambda i: (offsets[i], i != asked)):
             pieces.append(text[at:offsets[i]])
             if i == asked:

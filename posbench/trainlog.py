@@ -80,8 +80,8 @@ class Validation:
         with autocast(self.device):
             losses = model.token_losses(rows[:, :-1], rows[:, 1:]).double()
         model.train()
-        if answers is None:
-            return losses.mean().item()
+        if answers is None:  # from plan.first: not the prediction made at dataset.bos's BOS
+            return losses[:, self.plan.first:].mean().item()
         scored = torch.from_numpy(answers).to(self.device)
         return (losses[scored].sum() / scored.sum()).item()
 

@@ -45,6 +45,10 @@ class DatasetConfig:
     # score the validation documents as one stream, back to back, as WikiText papers do;
     # evaluation windows then cross document boundaries
     val_stream: bool = False
+    # every training and evaluation window starts with a beginning-of-sequence token, one id past
+    # the tokenizer's (text corpora; posbench/data/windows.py): its first token is replaced by
+    # BOS, and the prediction made at BOS is neither trained nor scored
+    bos: bool = False
     cache_dir: str = "${oc.env:POSBENCH_CACHE,${oc.env:HOME}/.cache/posbench}"
 
 

@@ -22,7 +22,8 @@ class TextCorpus(Dataset):
 
     @property
     def vocab_size(self) -> int:
-        return TOKENIZERS[self.cfg.tokenizer]  # nominal: a name check() accepted
+        # nominal: a name check() accepted; dataset.bos adds its token after the tokenizer's
+        return TOKENIZERS[self.cfg.tokenizer] + self.cfg.bos
 
     def prepare(self) -> TokenData:
         """The token file of the corpus, built on first use and cached by fingerprint."""
@@ -49,4 +50,6 @@ class TextCorpus(Dataset):
         data = read_token_dir(target)
         if cfg.val_stream:
             data = dataclasses.replace(data, val_docs=data.val_docs[[0, -1]])
+        if cfg.bos:
+            data = dataclasses.replace(data, vocab_size=data.vocab_size + 1, bos=data.vocab_size)
         return data

@@ -53,6 +53,8 @@ class Task(Dataset):
         super().check(cfg, run_cfg)
         require(run_cfg.eval.protocol == "nonoverlapping", "eval.protocol", run_cfg.eval.protocol,
                 f"nonoverlapping for dataset={cfg.name} (each window is one task instance)")
+        require(not cfg.bos, "dataset.bos", cfg.bos,
+                f"false for dataset={cfg.name} (each instance starts with its own BOS token)")
 
     def size(self, total: int) -> int:
         """The largest size of an instance that fits `total` tokens."""

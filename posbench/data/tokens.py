@@ -10,7 +10,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Tuple
+from typing import Iterable, Optional, Tuple
 
 import numpy as np
 
@@ -33,6 +33,7 @@ class TokenData:
     vocab_size: int
     fingerprint: str
     name: str
+    bos: Optional[int] = None  # the BOS token's id under dataset.bos (posbench/data/windows.py)
 
     def longest(self, split: str) -> int:
         docs = self.train_docs if split == "train" else self.val_docs

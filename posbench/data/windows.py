@@ -1,7 +1,9 @@
 """Which tokens a step trains on and which windows evaluation scores. Windows never cross a
 document boundary, so a long window is really one long context (dataset.val_stream joins the
 validation documents into one). A task dataset generates its instances instead
-(posbench/data/tasks.py): one window, one instance."""
+(posbench/data/tasks.py): one window, one instance. Under dataset.bos every window's first token
+is the BOS token (data.bos), and the prediction made at it, of the window's second token from BOS
+alone, is neither trained (its target is IGNORE) nor scored (EvalPlan.first >= 1)."""
 from __future__ import annotations
 
 import math
@@ -12,7 +14,7 @@ import numpy as np
 import torch
 
 from posbench.errors import ConfigError
-from posbench.data.tasks import TaskData
+from posbench.data.tasks import IGNORE, TaskData
 
 
 def _starts_within(docs: np.ndarray, span: int) -> tuple:
@@ -48,8 +50,21 @@ def train_batch(data, seq_len: int, batch_size: int, seed: int, step: int,
     rows = np.stack([data.tokens[s:s + seq_len + 1] for s in starts]).astype(np.int64)
     if plant is not None:
         plant(rows, seed, step)
-    rows = torch.from_numpy(rows)
-    return rows[:, :-1], rows[:, 1:]
+    rows = torch.from_numpy(with_bos(rows, data))
+    x, y = rows[:, :-1], rows[:, 1:]
+    if data.bos is not None:
+        y = y.clone()
+        y[:, 0] = IGNORE  # the prediction made at BOS
+    return x, y
+
+
+def with_bos(rows: np.ndarray, data) -> np.ndarray:
+    """Windows (B, n+1) with their first token replaced by data.bos under dataset.bos (as int64:
+    BOS is one id past the token file's dtype)."""
+    if data.bos is not None:
+        rows = rows.astype(np.int64, copy=False)
+        rows[:, 0] = data.bos
+    return rows
 
 
 def _spread(candidates: list, need: int, what: str, data, length: int, tokens: int) -> np.ndarray:
@@ -125,5 +140,7 @@ def eval_plan(data, length: int, eval_cfg) -> EvalPlan:
                        tokens)
         starts = ends - length - 1
     first = 0 if block is None else length - block
-    return EvalPlan(length, len(starts), first, lambda i, j: (
-        np.stack([data.tokens[s:s + length + 1] for s in starts[i:j]]), None), starts)
+    if data.bos is not None:
+        first = max(first, 1)  # the prediction made at BOS is not scored
+    return EvalPlan(length, len(starts), first, lambda i, j: (with_bos(
+        np.stack([data.tokens[s:s + length + 1] for s in starts[i:j]]), data), None), starts)
