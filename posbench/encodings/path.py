@@ -64,8 +64,8 @@ class PaTH(PositionalEncoding):
     reads_input = True
     past_train_len = ("no positions: the product of reflections along the path is defined at "
                       "any length, but far keys pass through more of them than in training")
-    reference = "PaTH Attention: Position Encoding via Accumulating Householder Transformations " \
-                "(Yang et al. 2025)"
+    reference = ("PaTH Attention: Position Encoding via Accumulating Householder Transformations "
+                 "(Yang et al. 2025)")
     Config = PaTHConfig
 
     @classmethod
@@ -81,8 +81,8 @@ class PaTH(PositionalEncoding):
         def weight(*shape):
             return nn.Parameter(torch.randn(n, *shape) * cfg.init_std)
 
-        self.w_down, self.w_up, self.w_conv = weight(cfg.w_rank, D), weight(HD, cfg.w_rank), \
-            weight(HD, cfg.conv_size)
+        self.w_down, self.w_up = weight(cfg.w_rank, D), weight(HD, cfg.w_rank)
+        self.w_conv = weight(HD, cfg.conv_size)
         self.beta_weight, self.beta_bias = weight(H, D), nn.Parameter(torch.zeros(n, H))
         # FoX's gate, with its init (N(0, 0.02^2), bias 0), the reference's g_proj's too
         self.forget = FoX(FoxConfig(), dims) if cfg.forget_gate else None

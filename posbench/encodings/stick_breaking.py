@@ -41,8 +41,8 @@ class StickBreaking(PositionalEncoding):
     relative = True
     past_train_len = ("no positions: recency comes from the keys nearer the query, so far keys "
                       "get what the near ones leave at any length")
-    reference = "Scaling Stick-Breaking Attention: An Efficient Implementation and In-depth " \
-                "Study (Tan et al. 2025)"
+    reference = ("Scaling Stick-Breaking Attention: An Efficient Implementation and In-depth "
+                 "Study (Tan et al. 2025)")
 
     @dataclass
     class Config(EncodingConfig):
