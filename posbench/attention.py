@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from posbench.span import GLOBAL, Span
+from posbench.temperature import Temperature
 
 # score elements per block: bounds the memory of the blockwise path (64 MiB of fp32 per tensor)
 BLOCK_ELEMENTS = 1 << 24
@@ -32,12 +34,21 @@ BLOCK_ELEMENTS = 1 << 24
 BACKWARD_ROWS = 64
 
 
+@dataclass(frozen=True)
+class LayerAttention:
+    """One layer's attention options (model.*, or per layer kind in a `layers` pattern)."""
+    span: Span = GLOBAL  # which keys each query sees (posbench/span.py)
+    temperature: str = "none"  # posbench/temperature.py
+
+
 class CausalSelfAttention(nn.Module):
-    def __init__(self, d_model: int, n_head: int, layer: int, span: Span = GLOBAL):
+    def __init__(self, d_model: int, n_head: int, layer: int,
+                 options: LayerAttention = LayerAttention()):
         super().__init__()
         self.n_head = n_head
         self.layer = layer
-        self.span = span  # which keys each query sees (posbench/span.py)
+        self.span = options.span
+        self.temperature = Temperature(options.temperature, n_head, options.span)
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.proj = nn.Linear(d_model, d_model, bias=False)
 
@@ -48,23 +59,15 @@ class CausalSelfAttention(nn.Module):
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
     def heads(self, x: torch.Tensor, pos: torch.Tensor, encoding):
-        """q, k, v (B, H, T, d) as the attention sees them: rotated and log-n scaled."""
+        """q, k, v (B, H, T, d) as the attention sees them: rotated, and q scaled by the layer's
+        temperature (eval.temperature, when set, in place of a fixed one)."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
         encoding, layer = encoding.at_layer(self.layer)  # this layer's own, in a layer pattern
         if encoding.rotate is not None:
             q, k = encoding.rotate(q, k, pos, layer)
-        if encoding.logn_scaling:  # eval.logn_scaling: kappa_i * q_i scales row i's logits
-            q = q * logn_scale(T, encoding.dims.train_len, q.device).to(q.dtype)
+        q = self.temperature(q, encoding.dims.train_len, encoding.temperature)
         return q, k, v
-
-
-def logn_scale(n: int, train_len: int, device=None) -> torch.Tensor:
-    """(n, 1) float64 kappa_i = max(1, log(i+1) / log L) for query index i (QwenLM/Qwen
-    logn_attn; docs/encodings.md#eval-time-options). i counts tokens in the sequence, not position
-    ids, so a shifted `pos` leaves it alone."""
-    seen = torch.arange(1, n + 1, dtype=torch.float64, device=device)
-    return (seen.log() / math.log(train_len)).clamp(min=1).unsqueeze(-1)
 
 
 def bound_hooks(q, k, pos, encoding, layer, x=None):

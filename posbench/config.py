@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
 from posbench.data import check_dataset, dataset_class
 from posbench.errors import ConfigError, did_you_mean, require
@@ -30,6 +30,10 @@ class ModelConfig:
     attention: str = "global"
     # the width w of sliding and chunked layers, in tokens; null: train.seq_len // 4
     attention_window: Optional[int] = None
+    # softmax temperature of every layer (a `layers` encoding may set it per layer kind), a
+    # factor on each query row: none, logn, ssmax (learned), llama4_floorlog, yarn, drope_beta
+    # (posbench/temperature.py); applied in training and evaluation alike
+    temperature: str = "none"
 
 
 @dataclass
@@ -108,7 +112,9 @@ class EvalConfig:
     rope_window: Optional[int] = None
     # shifted_rope's S (null: L/3): lags d >= S are shifted to d - S + W
     rope_shift: Optional[int] = None
-    logn_scaling: bool = False
+    # the softmax temperature at evaluation, in place of every layer's fixed one (a learned one,
+    # ssmax, stays): logn, llama4_floorlog, yarn, drope_beta or none; null: the model's
+    temperature: Optional[str] = None
     # how encoding=randomized is evaluated (every other encoding reads 0..n-1): `random` draws
     # sorted positions below encoding.max_len as in training, as its reference does, each window
     # from its own fixed seed; `plain` feeds 0..n-1 (posbench/encodings/randomized.py)
@@ -232,6 +238,22 @@ def _check_attention(m) -> None:
         _positive("model.attention_window", window)
 
 
+def _check_temperature(cfg) -> None:
+    from posbench.temperature import LEARNED, TEMPERATURES
+
+    kind = cfg.model.get("temperature", ModelConfig.temperature)  # absent from older runs
+    require(kind in TEMPERATURES, "model.temperature", kind,
+            f"one of {TEMPERATURES}{did_you_mean(kind, TEMPERATURES)}")
+    fixed = [t for t in TEMPERATURES if t not in LEARNED]
+    at_eval = cfg.eval.get("temperature")
+    if at_eval is not None:
+        require(at_eval in fixed, "eval.temperature", at_eval,
+                f"null or one of {tuple(fixed)}{did_you_mean(at_eval, fixed)} (a learned "
+                "temperature is trained: model.temperature)")
+    require("logn" not in (kind, at_eval) or cfg.train.seq_len > 1, "train.seq_len",
+            cfg.train.seq_len, "more than 1 token with temperature logn (it divides by ln L)")
+
+
 def _check_retrieval(cfg) -> None:
     # runs saved before these keys existed take their defaults
     tolerance = cfg.eval.get("ppl_tolerance", EvalConfig.ppl_tolerance)
@@ -263,11 +285,22 @@ def _check_retrieval(cfg) -> None:
              f"false for dataset={cfg.dataset.name} (its tasks report exact match already)")
 
 
+def rename_saved_keys(cfg: DictConfig) -> None:
+    """A run saved before eval.temperature existed holds eval.logn_scaling, which it replaced:
+    true is eval.temperature=logn. Renamed in place, so that its saved config still checks and
+    evaluates as it did."""
+    if "eval" in cfg and "logn_scaling" in cfg.eval:
+        with open_dict(cfg):
+            if cfg.eval.pop("logn_scaling") and cfg.eval.get("temperature") is None:
+                cfg.eval.temperature = "logn"
+
+
 def check(cfg: DictConfig) -> None:
     """Checks types (also of configs that did not come through the schema, such as a saved run's),
     ranges, choices, and the encoding's own values."""
     from posbench.encodings.base import encoding_class, encoding_config
 
+    rename_saved_keys(cfg)
     try:
         OmegaConf.merge(OmegaConf.structured(Config), cfg)
     except Exception as err:  # omegaconf names the key and the expected type
@@ -310,8 +343,7 @@ def check(cfg: DictConfig) -> None:
     positions = cfg.eval.get("randomized_positions", EvalConfig.randomized_positions)
     require(positions in RANDOMIZED_POSITIONS, "eval.randomized_positions", positions,
              f"one of {RANDOMIZED_POSITIONS}")
-    require(not cfg.eval.logn_scaling or cfg.train.seq_len > 1, "eval.logn_scaling",
-             cfg.eval.logn_scaling, "false when train.seq_len=1 (kappa divides by log L)")
+    _check_temperature(cfg)
     _check_retrieval(cfg)
     require(cfg.device in DEVICES, "device", cfg.device, f"one of {DEVICES}")
     require(cfg.logger.name in LOGGERS, "logger.name", cfg.logger.name, f"one of {LOGGERS}")

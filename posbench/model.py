@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posbench.attention import CausalSelfAttention
+from posbench.attention import CausalSelfAttention, LayerAttention
 from posbench.encodings import Dims, PositionalEncoding, build_encoding, positions_for
 from posbench.span import GLOBAL, Span, default_width
 
@@ -28,10 +28,11 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, d_model: int, n_head: int, mlp_ratio: int, layer: int, span: Span = GLOBAL):
+    def __init__(self, d_model: int, n_head: int, mlp_ratio: int, layer: int,
+                 options: LayerAttention = LayerAttention()):
         super().__init__()
         self.ln_1 = nn.LayerNorm(d_model)
-        self.attn = CausalSelfAttention(d_model, n_head, layer, span)
+        self.attn = CausalSelfAttention(d_model, n_head, layer, options)
         self.ln_2 = nn.LayerNorm(d_model)
         self.mlp = MLP(d_model, mlp_ratio)
 
@@ -42,11 +43,11 @@ class Block(nn.Module):
 
 class GPT(nn.Module):
     def __init__(self, vocab_size: int, n_layer: int, n_head: int, d_model: int, mlp_ratio: int,
-                 encoding: PositionalEncoding, spans: Optional[List[Span]] = None):
+                 encoding: PositionalEncoding, layers: Optional[List[LayerAttention]] = None):
         super().__init__()
-        spans = spans or [GLOBAL] * n_layer  # each layer's attention span (posbench/span.py)
+        layers = layers or [LayerAttention()] * n_layer  # each layer's span and temperature
         self.tok_emb = nn.Embedding(vocab_size, d_model)
-        self.blocks = nn.ModuleList(Block(d_model, n_head, mlp_ratio, i, spans[i])
+        self.blocks = nn.ModuleList(Block(d_model, n_head, mlp_ratio, i, layers[i])
                                     for i in range(n_layer))
         self.ln_f = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
@@ -106,17 +107,22 @@ def build_model(cfg: DictConfig, vocab_size: Optional[int] = None):
                 train_len=cfg.train.seq_len, max_len=max([cfg.train.seq_len, *cfg.eval.lengths]))
     encoding = build_encoding(cfg, dims)
     return GPT(vocab_size or dataset_vocab(cfg.dataset), m.n_layer, m.n_head, m.d_model,
-               m.mlp_ratio, encoding, layer_spans(cfg, encoding))
+               m.mlp_ratio, encoding, layer_attention(cfg, encoding))
 
 
-def layer_spans(cfg: DictConfig, encoding: PositionalEncoding) -> List[Span]:
-    """Each layer's attention span: model.attention, or what the encoding sets for that layer
-    (a `layers` pattern's per-kind attention), of width model.attention_window (null: L/4)."""
+def layer_attention(cfg: DictConfig, encoding: PositionalEncoding) -> List[LayerAttention]:
+    """Each layer's span and temperature: model.attention and model.temperature, or what the
+    encoding sets for that layer (a `layers` pattern's per-kind values); spans of width
+    model.attention_window (null: L/4)."""
     m = cfg.model
-    kind = m.get("attention", "global")  # runs saved before the key existed: global
+    # runs saved before these keys existed: global attention, no temperature
+    defaults = {"attention": m.get("attention", "global"),
+                "temperature": m.get("temperature", "none")}
     width = m.get("attention_window") or default_width(cfg.train.seq_len)
-    spans = []
+    layers = []
     for layer in range(m.n_layer):
-        layer_kind = encoding.attention_options(layer).get("attention", kind)
-        spans.append(GLOBAL if layer_kind == "global" else Span(layer_kind, width))
-    return spans
+        options = {**defaults, **encoding.attention_options(layer)}
+        kind = options["attention"]
+        layers.append(LayerAttention(GLOBAL if kind == "global" else Span(kind, width),
+                                     options["temperature"]))
+    return layers

@@ -39,7 +39,7 @@ def results_record(cfg, model, data, curve: List[dict], train: dict,
                  "rope_scaling_factor": cfg.eval.rope_scaling_factor,
                  # rerope, self_extend, shifted_rope: their values at this L
                  "rope_remap": remap_record(cfg.eval, cfg.train.seq_len),
-                 "logn_scaling": cfg.eval.logn_scaling,
+                 "temperature": cfg.eval.get("temperature"),
                  "randomized_positions": cfg.eval.randomized_positions,
                  # the reference of parity between runs (posbench/parity.py)
                  "train_len_ppl": ppl_at(curve, cfg.train.seq_len),
@@ -145,8 +145,8 @@ def eval_options(record: dict) -> str:
     elif e.get("rope_scaling", "none") != "none":
         options.append(f"rope_scaling {e['rope_scaling']} "
                        + (f"(static factor {factor:g})" if factor else "(dynamic)"))
-    if e.get("logn_scaling"):
-        options.append("logn_scaling")
+    if e.get("temperature"):
+        options.append(f"temperature {e['temperature']}")
     if record["encoding"] == "randomized":
         options.append(f"randomized_positions {e.get('randomized_positions')}")
     return ", ".join(options)

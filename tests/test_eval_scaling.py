@@ -1,6 +1,6 @@
 """Eval-time options without retraining (docs/encodings.md, "Eval-time options"): PI, NTK, HF's
-dynamic NTK and YaRN on the rotary encodings, static or dynamic scale, log-n scaling on any
-encoding; how evaluate() and `posbench eval` apply them. Every formula is checked against an
+dynamic NTK and YaRN on the rotary encodings, static or dynamic scale, the log-n temperature on
+any encoding; how evaluate() and `posbench eval` apply them. Every formula is checked against an
 oracle written here from the reference's definition, in float64."""
 import json
 import math
@@ -11,13 +11,14 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 import posbench
-from posbench.attention import CausalSelfAttention, logn_scale
+from posbench.attention import CausalSelfAttention
 from posbench.encodings import Dims
 from posbench.encodings.nope import NoPE
 from posbench.encodings.p_rope import PRoPE
 from posbench.encodings.rope import RoPE, apply_rotary, rope_inv_freq, rope_tables
 from posbench.encodings.xpos import XPos
-from posbench.evaluate import evaluate
+from posbench.evaluations.perplexity import evaluate
+from posbench.temperature import temperature_factor
 from helpers import posbench_cli
 
 F64 = torch.float64
@@ -248,6 +249,10 @@ def test_rotary_subclasses_scale_their_rotation():
 
 
 # --- log-n -------------------------------------------------------------------------------------
+def logn_scale(n, train_len):
+    return temperature_factor("logn", n, train_len)[0]
+
+
 def test_logn_kappa_is_one_up_to_l_and_two_at_l_squared():
     kappa = logn_scale(16 * 16, 16)[:, 0]
     assert (kappa[:16] == 1).all() and (kappa[16:] > 1).all()
@@ -260,7 +265,7 @@ def test_logn_scaling_equals_scaling_the_queries():
     attn = CausalSelfAttention(32, 2, layer=0)
     enc = NoPE(NoPE.Config(name="nope"), Dims(1, 2, 32, 8, 64))
     x = torch.randn(1, 40, 32)
-    enc.set_eval_options(logn_scaling=True)
+    enc.set_eval_options(temperature="logn")
     with torch.no_grad():
         got = attn(x, torch.arange(40).unsqueeze(0), enc)
         q, k, v = attn.qkv(x).view(1, 40, 3, 2, 16).permute(2, 0, 3, 1, 4)
@@ -295,7 +300,7 @@ def test_rotary_encodings_accept_every_scaling_and_any_encoding_accepts_logn():
     for encoding in ("rope", "p_rope", "xpos", "randomized"):
         for scaling in ("pi", "ntk", "dynamic_ntk", "yarn"):
             posbench.compose([f"encoding={encoding}", f"eval.rope_scaling={scaling}"])
-    posbench.compose(["encoding=alibi", "eval.logn_scaling=true"])
+    posbench.compose(["encoding=alibi", "eval.temperature=logn"])
     with pytest.raises(posbench.ConfigError, match=r"^eval.rope_scaling='pi' is not accepted; "
                                                   r"expected 'none' for encoding.base=sinusoidal"):
         posbench.compose(["encoding=randomized", "encoding.base=sinusoidal",
@@ -334,9 +339,9 @@ def test_a_run_saved_before_the_factor_and_randomized_positions_existed_still_ch
 
 def test_randomized_passes_the_scaling_to_its_rotary_base():
     enc = posbench.build_model(posbench.compose(["encoding=randomized"])).encoding
-    enc.set_eval_options("yarn", True, 4.0)
+    enc.set_eval_options("yarn", "logn", 4.0)
     assert enc.base.rope_scaling == "yarn" and enc.base.rope_scaling_factor == 4.0
-    assert enc.logn_scaling and not enc.base.logn_scaling
+    assert enc.temperature == "logn" and enc.base.temperature is None
 
 
 def test_evaluate_applies_the_options_past_the_training_length_only(stdlib_data, toy):
@@ -345,11 +350,11 @@ def test_evaluate_applies_the_options_past_the_training_length_only(stdlib_data,
     model = posbench.build_model(cfg, stdlib_data.vocab_size)
     assert model.encoding.rope_scaling == "none"  # building the model never applies eval options
     curves = {}
-    for scaling, logn in (("none", False), ("yarn", False), ("pi", False), ("none", True)):
-        eval_cfg = OmegaConf.merge(cfg.eval, {"rope_scaling": scaling, "logn_scaling": logn})
+    for scaling, logn in (("none", None), ("yarn", None), ("pi", None), ("none", "logn")):
+        eval_cfg = OmegaConf.merge(cfg.eval, {"rope_scaling": scaling, "temperature": logn})
         curves[scaling, logn] = evaluate(model, stdlib_data, eval_cfg, torch.device("cpu"))
-        assert (model.encoding.rope_scaling, model.encoding.logn_scaling) == (scaling, logn)
-    plain = curves["none", False]
+        assert (model.encoding.rope_scaling, model.encoding.temperature) == (scaling, logn)
+    plain = curves["none", None]
     for key, curve in curves.items():
         assert curve[0]["loss"] == plain[0]["loss"], key  # length 32 = L: s = 1, kappa = 1
         if key != ("none", False):

@@ -144,7 +144,7 @@ def test_a_name_taken_by_another_rescore_and_a_training_key_are_refused_in_one_l
 def test_changes_are_read_against_the_runs_config_with_keys_it_predates():
     trained = {"eval": {"lengths": [128, 256], "rope_scaling": "none"}, "device": "auto"}
     now = {"eval": {"lengths": [128, 4096], "rope_scaling": "yarn", "rope_scaling_factor": None,
-                    "logn_scaling": False}, "device": "auto"}
+                    "temperature": None}, "device": "auto"}
     changes = eval_changes(trained, now)  # a factor absent from the old run counts at its default
     assert changes == {"eval.lengths": [128, 4096], "eval.rope_scaling": "yarn"}
     assert change_label(changes) == "lengths=[128,4096], rope_scaling=yarn"

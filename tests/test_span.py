@@ -158,9 +158,14 @@ def test_presets_are_three_local_rope_layers_to_one_global_nope_layer(preset, ki
     idx = torch.randint(0, 64, (1, 70), generator=torch.Generator().manual_seed(0))
     i, j = torch.arange(70).view(70, 1), torch.arange(70).view(1, 70)
     visible = [lambda i, j: visible_by_definition(local, i, j)] * 3 + [None]
+    # irope's NoPE layers: Llama 4's temperature, 1 + 0.1 ln(floor((i + 1) / L) + 1)
+    floorlog = torch.tensor([1 + 0.1 * math.log((i + 1) // 64 + 1) for i in range(70)],
+                            dtype=torch.float64).view(1, 70, 1)
+    scale = [None] * 3 + [floorlog if preset == "irope" else None]
     with torch.no_grad():
         torch.testing.assert_close(model(idx).double(), reference_logits(
-            model, idx, [True, True, True, False] * 2, visible=visible * 2), rtol=1e-5, atol=1e-5)
+            model, idx, [True, True, True, False] * 2, visible=visible * 2, q_scale=scale * 2),
+            rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -41,7 +41,7 @@ from posbench.errors import ConfigError, did_you_mean
 
 FAMILIES = ("none", "absolute", "rotary", "group", "bias", "contextual", "hybrid")
 # the eval.* keys that evaluate() passes to set_eval_options, in its argument order
-EVAL_OPTIONS = ("rope_scaling", "logn_scaling", "rope_scaling_factor", "randomized_positions",
+EVAL_OPTIONS = ("rope_scaling", "temperature", "rope_scaling_factor", "randomized_positions",
                 "rope_window", "rope_shift")
 
 
@@ -103,16 +103,16 @@ class PositionalEncoding(nn.Module):
     # eval-time options (the eval.* keys of EVAL_OPTIONS, docs/encodings.md), set by evaluate()
     # through set_eval_options; training never sets them, so a freshly built encoding has none.
     # Rotary encodings read the rope_scaling pair in rotate() (RoPE's distance remaps also
-    # rope_window and rope_shift), the attention reads logn_scaling, `randomized` reads
+    # rope_window and rope_shift), the attention reads temperature, `randomized` reads
     # randomized_positions.
     rope_scaling: str = "none"
     rope_scaling_factor: Optional[float] = None
-    logn_scaling: bool = False
+    temperature: Optional[str] = None
     randomized_positions: str = "plain"
     rope_window: Optional[int] = None
     rope_shift: Optional[int] = None
 
-    def set_eval_options(self, rope_scaling: str = "none", logn_scaling: bool = False,
+    def set_eval_options(self, rope_scaling: str = "none", temperature: Optional[str] = None,
                          rope_scaling_factor: Optional[float] = None,
                          randomized_positions: str = "plain", rope_window: Optional[int] = None,
                          rope_shift: Optional[int] = None) -> None:
@@ -122,7 +122,7 @@ class PositionalEncoding(nn.Module):
                              f"not {type(self).__name__}")
         self.rope_scaling = rope_scaling
         self.rope_scaling_factor = rope_scaling_factor
-        self.logn_scaling = logn_scaling
+        self.temperature = temperature
         self.randomized_positions = randomized_positions
         self.rope_window, self.rope_shift = rope_window, rope_shift
 
@@ -142,7 +142,8 @@ class PositionalEncoding(nn.Module):
 
     def attention_options(self, layer: int) -> Dict[str, str]:
         """What this encoding sets of model layer `layer`'s attention, over the model's keys:
-        {"attention": ...}; {} keeps model.attention (read once, when the model is built)."""
+        {"attention": ..., "temperature": ...} or part of it; {} keeps model.attention and
+        model.temperature (read once, when the model is built)."""
         return {}
 
 

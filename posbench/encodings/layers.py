@@ -19,6 +19,7 @@ from torch import nn
 from posbench.encodings.base import EncodingConfig, PositionalEncoding, register, registry
 from posbench.errors import ConfigError, did_you_mean
 from posbench.span import ATTENTIONS
+from posbench.temperature import TEMPERATURES
 
 
 @dataclass
@@ -29,12 +30,16 @@ class LayersConfig(EncodingConfig):
     # per pattern entry, repeated with it: the attention span of that kind of layer (global,
     # sliding, chunked; posbench/span.py) of width model.attention_window; empty: model.attention
     attention: List[str] = field(default_factory=list)
+    # per pattern entry: that kind of layer's softmax temperature (posbench/temperature.py);
+    # empty: model.temperature
+    temperature: List[str] = field(default_factory=list)
 
 
 # the recipes at posbench's scale, every fourth layer a global NoPE layer (docs/encodings.md says
 # why the local span defaults to L/4)
 IROPE = LayersConfig(pattern=["rope", "rope", "rope", "nope"],
-                     attention=["chunked", "chunked", "chunked", "global"])
+                     attention=["chunked", "chunked", "chunked", "global"],
+                     temperature=["none", "none", "none", "llama4_floorlog"])
 RNOPE_SWA = LayersConfig(pattern=["rope", "rope", "rope", "nope"],
                          attention=["sliding", "sliding", "sliding", "global"])
 
@@ -68,16 +73,20 @@ class Layers(PositionalEncoding):
                 raise ConfigError(f"encoding.pattern entry {name!r} is not accepted; expected an "
                                   "encoding that acts within a layer (not a pattern itself, and "
                                   "without a positions hook: positions are shared by all layers)")
-        for key in ("attention",):
+        for key in ("attention", "temperature"):
             values = list(getattr(cfg, key))
             if values and len(values) != len(cfg.pattern):
                 raise ConfigError(f"encoding.{key}={values} is not accepted; expected one value "
                                   f"per entry of encoding.pattern={list(cfg.pattern)}, or [] (the "
                                   f"model's)")
-        for kind in cfg.attention:
-            if kind not in ATTENTIONS:
-                raise ConfigError(f"encoding.attention entry {kind!r} is not accepted"
-                                  f"{did_you_mean(kind, ATTENTIONS)}; expected one of {ATTENTIONS}")
+        for key, accepted in (("attention", ATTENTIONS), ("temperature", TEMPERATURES)):
+            for value in getattr(cfg, key):
+                if value not in accepted:
+                    raise ConfigError(f"encoding.{key} entry {value!r} is not accepted"
+                                      f"{did_you_mean(value, accepted)}; expected one of {accepted}")
+        if "logn" in cfg.temperature and run_cfg.train.seq_len < 2:
+            raise ConfigError(f"train.seq_len={run_cfg.train.seq_len} is not accepted; expected "
+                              "more than 1 token with temperature logn (it divides by ln L)")
         kinds = [entries[name] for name in dict.fromkeys(cfg.pattern)]
         if run_cfg.eval.rope_scaling != "none" and not any(e.cls.rotary for e in kinds):
             raise ConfigError(f"eval.rope_scaling={run_cfg.eval.rope_scaling!r} is not accepted; "
@@ -105,9 +114,9 @@ class Layers(PositionalEncoding):
         return self.layer_map[layer]
 
     def attention_options(self, layer):
-        if not self.cfg.attention:
-            return {}
-        return {"attention": self.cfg.attention[layer % len(self.cfg.pattern)]}
+        entry = layer % len(self.cfg.pattern)
+        return {key: getattr(self.cfg, key)[entry] for key in ("attention", "temperature")
+                if getattr(self.cfg, key)}
 
     def set_eval_options(self, rope_scaling="none", *args, **kwargs):
         super().set_eval_options(rope_scaling, *args, **kwargs)

@@ -100,9 +100,9 @@ class Randomized(PositionalEncoding):
                                for window in range(first, first + B)]).to(pos.device)
         return self.base.positions(pos) if self.base.positions is not None else pos
 
-    def set_eval_options(self, rope_scaling="none", logn_scaling=False, rope_scaling_factor=None,
+    def set_eval_options(self, rope_scaling="none", temperature=None, rope_scaling_factor=None,
                          randomized_positions="plain", rope_window=None, rope_shift=None):
-        super().set_eval_options(rope_scaling, logn_scaling, rope_scaling_factor,
+        super().set_eval_options(rope_scaling, temperature, rope_scaling_factor,
                                  randomized_positions, rope_window, rope_shift)
         self.base.set_eval_options(rope_scaling, rope_scaling_factor=rope_scaling_factor)
         # evaluation windows drawn so far, per length: window i of length n always gets the same

@@ -257,12 +257,12 @@ class RoPE(PositionalEncoding):
         cos, sin = rope_tables(pos, inv_freq, q.dtype, factor)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
 
-    def set_eval_options(self, rope_scaling="none", logn_scaling=False, rope_scaling_factor=None,
+    def set_eval_options(self, rope_scaling="none", temperature=None, rope_scaling_factor=None,
                          randomized_positions="plain", rope_window=None, rope_shift=None):
         if rope_scaling in REMAPS and not self.rope_remaps:
             raise ValueError(f"rope_scaling={rope_scaling!r} needs RoPE's rotation alone, not "
                              f"{type(self).__name__}'s")
-        super().set_eval_options(rope_scaling, logn_scaling, rope_scaling_factor,
+        super().set_eval_options(rope_scaling, temperature, rope_scaling_factor,
                                  randomized_positions, rope_window, rope_shift)
         # a remap needs two logits per (query, key): its hook rotates q and k itself, in place of
         # `rotate`, and the attention takes the remapped path (posbench/attention.py)
