@@ -32,6 +32,8 @@ from posbench.temperature import Temperature
 BLOCK_ELEMENTS = 1 << 24
 # query rows per step of BiasedAttention's backward (measured on CPU: 64 beats 32 and 128)
 BACKWARD_ROWS = 64
+# model.qk_norm's epsilon: the rms_norm_eps of the models DroPE recalibrates (Llama, SmolLM)
+QK_NORM_EPS = 1e-5
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class LayerAttention:
     """One layer's attention options (model.*, or per layer kind in a `layers` pattern)."""
     span: Span = GLOBAL  # which keys each query sees (posbench/span.py)
     temperature: str = "none"  # posbench/temperature.py
+    qk_norm: bool = False  # RMSNorm of q and k over the model width (model.qk_norm)
 
 
 class CausalSelfAttention(nn.Module):
@@ -49,6 +52,9 @@ class CausalSelfAttention(nn.Module):
         self.layer = layer
         self.span = options.span
         self.temperature = Temperature(options.temperature, n_head, options.span)
+        # DroPE's QK-norm: over all heads at once, before the head split and any encoding
+        self.q_norm = nn.RMSNorm(d_model, eps=QK_NORM_EPS) if options.qk_norm else None
+        self.k_norm = nn.RMSNorm(d_model, eps=QK_NORM_EPS) if options.qk_norm else None
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.proj = nn.Linear(d_model, d_model, bias=False)
 
@@ -62,7 +68,11 @@ class CausalSelfAttention(nn.Module):
         """q, k, v (B, H, T, d) as the attention sees them: rotated, and q scaled by the layer's
         temperature (eval.temperature, when set, in place of a fixed one)."""
         B, T, C = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
+        qkv = self.qkv(x).view(B, T, 3, C)
+        if self.q_norm is not None:
+            qkv = torch.stack((self.q_norm(qkv[:, :, 0]), self.k_norm(qkv[:, :, 1]),
+                               qkv[:, :, 2]), 2)
+        q, k, v = qkv.view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
         encoding, layer = encoding.at_layer(self.layer)  # this layer's own, in a layer pattern
         if encoding.rotate is not None:
             q, k = encoding.rotate(q, k, pos, layer)

@@ -34,6 +34,9 @@ class ModelConfig:
     # factor on each query row: none, logn, ssmax (learned), llama4_floorlog, yarn, drope_beta
     # (posbench/temperature.py); applied in training and evaluation alike
     temperature: str = "none"
+    # RMSNorm with a learned gain on q and on k over the model width, before any encoding acts
+    # (DroPE's QK-norm, which its recalibration needs at high learning rates)
+    qk_norm: bool = False
 
 
 @dataclass
@@ -62,6 +65,10 @@ class TrainConfig:
     # drawn per (seed, step) (posbench/retrieval.py): part of the training distribution. A tiny
     # model trained on text alone never learns to copy, so retrieval past L shows nothing
     retrieval_mix: float = 0.0
+    # train with switch_encoding_to instead of the encoding from this fraction of train.steps on
+    # (null: never): DroPE drops RoPE for nope for the last 1/8 (0.875); posbench/schedule.py
+    switch_encoding_at: Optional[float] = None
+    switch_encoding_to: str = "nope"
 
 
 @dataclass
@@ -254,6 +261,25 @@ def _check_temperature(cfg) -> None:
             cfg.train.seq_len, "more than 1 token with temperature logn (it divides by ln L)")
 
 
+def _check_switch(cfg) -> None:
+    from posbench.encodings.base import registry
+
+    fraction = cfg.train.get("switch_encoding_at")  # absent from runs saved before it existed
+    if fraction is None:
+        return
+    require(0 < fraction < 1, "train.switch_encoding_at", fraction,
+            "a fraction of train.steps in (0, 1), or null (no switch)")
+    entries = registry()
+    target = cfg.train.switch_encoding_to
+    require(target in entries, "train.switch_encoding_to", target,
+            f"a registered encoding{did_you_mean(target, entries)}: " + ", ".join(entries))
+    entry = entries[target]
+    require(cfg.eval.rope_scaling == "none" or entry.cls.rotary, "eval.rope_scaling",
+            cfg.eval.rope_scaling, f"'none' for train.switch_encoding_to={target}, which the "
+            "model is evaluated with and does not rotate q and k")
+    entry.cls.check(entry.config, cfg)
+
+
 def _check_retrieval(cfg) -> None:
     # runs saved before these keys existed take their defaults
     tolerance = cfg.eval.get("ppl_tolerance", EvalConfig.ppl_tolerance)
@@ -344,6 +370,7 @@ def check(cfg: DictConfig) -> None:
     require(positions in RANDOMIZED_POSITIONS, "eval.randomized_positions", positions,
              f"one of {RANDOMIZED_POSITIONS}")
     _check_temperature(cfg)
+    _check_switch(cfg)
     _check_retrieval(cfg)
     require(cfg.device in DEVICES, "device", cfg.device, f"one of {DEVICES}")
     require(cfg.logger.name in LOGGERS, "logger.name", cfg.logger.name, f"one of {LOGGERS}")

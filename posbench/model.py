@@ -14,6 +14,7 @@ from torch import nn
 
 from posbench.attention import CausalSelfAttention, LayerAttention
 from posbench.encodings import Dims, PositionalEncoding, build_encoding, positions_for
+from posbench.schedule import switched_encoding
 from posbench.span import GLOBAL, Span, default_width
 
 
@@ -105,7 +106,7 @@ def build_model(cfg: DictConfig, vocab_size: Optional[int] = None):
     m = cfg.model
     dims = Dims(n_layer=m.n_layer, n_head=m.n_head, d_model=m.d_model,
                 train_len=cfg.train.seq_len, max_len=max([cfg.train.seq_len, *cfg.eval.lengths]))
-    encoding = build_encoding(cfg, dims)
+    encoding = switched_encoding(build_encoding(cfg, dims), cfg.train, dims)
     return GPT(vocab_size or dataset_vocab(cfg.dataset), m.n_layer, m.n_head, m.d_model,
                m.mlp_ratio, encoding, layer_attention(cfg, encoding))
 
@@ -124,5 +125,5 @@ def layer_attention(cfg: DictConfig, encoding: PositionalEncoding) -> List[Layer
         options = {**defaults, **encoding.attention_options(layer)}
         kind = options["attention"]
         layers.append(LayerAttention(GLOBAL if kind == "global" else Span(kind, width),
-                                     options["temperature"]))
+                                     options["temperature"], m.get("qk_norm", False)))
     return layers

@@ -138,6 +138,7 @@ def fit(cfg: DictConfig, start, run_dir: Path, logger, progress: Progress) -> di
         x, y = (distributed.shard(z).to(device, non_blocking=True) for z in
                 train_batch(data, t.seq_len, t.batch_size, cfg.seed, step, plant))
         lr = lr_at(step, t)
+        model.encoding.at_step(step)  # a schedule's encoding for this step (train.switch_*)
         window.add(train_step(model, step_fn, optimizer, x, y, lr, t.grad_clip))
         done = step + 1
         log.step()

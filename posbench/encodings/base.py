@@ -140,6 +140,10 @@ class PositionalEncoding(nn.Module):
         itself and `layer`, but for a composition (`layers`) that gives each layer its own."""
         return self, layer
 
+    def at_step(self, step: int) -> None:
+        """Called by training before every step: an encoding that changes with the step (the
+        switch of train.switch_encoding_at, posbench/schedule.py) takes its state for `step`."""
+
     def attention_options(self, layer: int) -> Dict[str, str]:
         """What this encoding sets of model layer `layer`'s attention, over the model's keys:
         {"attention": ..., "temperature": ...} or part of it; {} keeps model.attention and
