@@ -130,14 +130,12 @@ def path_logits(q, k, w, beta, rows):
     bet = beta.view(B, H, n, C, 1)
     strict = torch.ones(C, C, dtype=torch.bool, device=q.device).tril(-1)
     eye = torch.eye(C, dtype=q.dtype, device=q.device)
-    # (I + diag(β) strict_lower(W W^T)) per chunk, unit lower triangular
+    # (I + diag(β) strict_lower(W W^T)) Z = diag(β) W and the same for U[s, j], per chunk; one
+    # solve for both right-hand sides (CPU's batched triangular solve is slow for a narrow one)
     system = eye + bet * (W @ W.transpose(-2, -1)).masked_fill(~strict, 0.0)
-
-    def solve(rhs):
-        return torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
-
-    Z = solve(bet * W)  # (n, C, d)
-    U = solve(bet * (W @ K.transpose(-2, -1)).masked_fill(~strict, 0.0))  # (n, C, C): U[s, j]
+    rhs = torch.cat((W, (W @ K.transpose(-2, -1)).masked_fill(~strict, 0.0)), dim=-1) * bet
+    Z, U = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True).split(
+        (d, C), dim=-1)  # Z (n, C, d), U (n, C, C)
     carried = K - U.transpose(-2, -1) @ W  # keys carried to the end of their chunk
     chunk_map = torch.eye(d, dtype=q.dtype, device=q.device) - W.transpose(-2, -1) @ Z  # (n, d, d)
     qw = (Q @ W.transpose(-2, -1)).tril()  # q_i.w_s for s <= i
