@@ -208,7 +208,7 @@ def eval_app(cfg: DictConfig) -> None:
 
 
 def list_components() -> None:
-    from posbench import data
+    from posbench import data, evaluations
     from posbench.encodings import registry
 
     conf = Path(posbench.__file__).parent / "conf"
@@ -218,6 +218,15 @@ def list_components() -> None:
     print("datasets (dataset=NAME):")
     for name, entry in data.registry().items():
         print(f"  {name:<18} {entry.description}")
+    listed = evaluations.registry().items()
+    print("perplexity protocols (eval.protocol=NAME):")
+    for name, entry in listed:
+        if issubclass(entry.cls, evaluations.Protocol):
+            print(f"  {name:<18} {entry.description}")
+    print("evaluations beside perplexity (eval.NAME.enabled=true):")
+    for name, entry in listed:
+        if issubclass(entry.cls, evaluations.Section):
+            print(f"  {name:<18} {entry.description}")
     print("models (model=NAME):")
     for path in sorted((conf / "model").glob("*.yaml")):
         print(f"  {path.stem:<18} {_first_comment(path)}")
@@ -239,7 +248,7 @@ def _composition_error(err: Exception) -> ConfigError:
                            + ", ".join(options))
     unknown = re.search(r"Key '([^']+)' not in '(\w+)'.*?full_key: (\S+)", msg, flags=re.S)
     if unknown:
-        schema = getattr(config_module, unknown[2], None)
+        schema = config_module.schema_class(unknown[2])
         known = [f.name for f in dataclasses.fields(schema)] if dataclasses.is_dataclass(schema) else []
         return ConfigError(f"{unknown[3]} is not a config key; {unknown[1]!r} is not in "
                            f"{unknown[2]}{did_you_mean(unknown[1], known)} (see `posbench train "

@@ -7,6 +7,7 @@ posbench/encodings/base.py); `check()` validates the values that types alone can
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
@@ -14,8 +15,10 @@ from typing import Any, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
-from posbench.data import check_dataset, dataset_class
-from posbench.errors import ConfigError, did_you_mean, require
+from posbench import evaluations
+from posbench.data import check_dataset
+from posbench.errors import ConfigError, did_you_mean, require, require_positive
+from posbench.evaluations import EvalConfig
 
 
 @dataclass
@@ -72,67 +75,6 @@ class TrainConfig:
 
 
 @dataclass
-class RetrievalConfig:
-    """Passkey retrieval by length and depth (posbench/retrieval.py), language-model runs only."""
-    enabled: bool = False
-    # null: eval.lengths (with the training length)
-    lengths: Optional[List[int]] = None
-    # where the asked key sits in the filler: 0 at its start, 1 just before the question
-    depths: List[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
-    key_tokens: int = 8
-    # keys planted per sequence; one of them is asked
-    keys: int = 1
-    trials: int = 8
-    seed: int = 0
-    # effective context: the largest length up to which the mean over depths of `metric` stays
-    # >= threshold. 1 bit saved per key token: a key token drawn from the corpus's ~60 letters
-    # and digits holds ~6 bits, and a model that does not copy saves 0 +- 0.15 bits
-    metric: str = "bits_saved"
-    threshold: float = 1.0
-
-
-@dataclass
-class EvalConfig:
-    lengths: List[int] = field(default_factory=lambda: [128, 256, 512, 1024, 2048])
-    tokens: int = 32768
-    protocol: str = "nonoverlapping"
-    # tokens scored at the end of each window: sliding needs it; growing_context scores the
-    # last `stride` tokens (default min(lengths)) with every context length; nonoverlapping
-    # scores every token and ignores it
-    stride: Optional[int] = None
-    batch_tokens: int = 16384
-    # options applied at evaluation only, without retraining (docs/encodings.md, "Eval-time
-    # options"). rope_scaling (rotary encodings): none, pi, ntk, yarn, or dynamic_ntk (HF's);
-    # or a remap of relative distances (RoPE-rotated encodings): rerope, self_extend,
-    # shifted_rope.
-    # rope_scaling_factor: null is dynamic, s = max(1, n/L) recomputed for each evaluated length
-    # n (L = train.seq_len); a number > 1 is a static s, as the papers evaluate: the same
-    # frequencies at every length, also at n <= L. For dynamic_ntk it is HF's `factor` alpha
-    # (null: 1), s = max(1, alpha*n/L - (alpha-1)) per length. For rerope it is the leaky
-    # form's k (null: pure ReRoPE), for self_extend the group size G (null: the smallest that
-    # fits each length), for shifted_rope null.
-    rope_scaling: str = "none"
-    rope_scaling_factor: Optional[float] = None
-    # the remaps' window (null: the method's default at L): rerope's w (L/8), self_extend's
-    # neighbour window W (L/4), shifted_rope's local window W (L/16); lags below it, or below
-    # shifted_rope's shift S, keep RoPE's positions
-    rope_window: Optional[int] = None
-    # shifted_rope's S (null: L/3): lags d >= S are shifted to d - S + W
-    rope_shift: Optional[int] = None
-    # the softmax temperature at evaluation, in place of every layer's fixed one (a learned one,
-    # ssmax, stays): logn, llama4_floorlog, yarn, drope_beta or none; null: the model's
-    temperature: Optional[str] = None
-    # how encoding=randomized is evaluated (every other encoding reads 0..n-1): `random` draws
-    # sorted positions below encoding.max_len as in training, as its reference does, each window
-    # from its own fixed seed; `plain` feeds 0..n-1 (posbench/encodings/randomized.py)
-    randomized_positions: str = "random"
-    # effective context by perplexity: the largest length up to which ppl stays within
-    # (1 + ppl_tolerance) of its value at the training length
-    ppl_tolerance: float = 0.1
-    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
-
-
-@dataclass
 class LoggerConfig:
     name: str = "none"
     mode: str = "offline"
@@ -147,13 +89,13 @@ class Config:
     # a registered dataset's own config (posbench/data/base.py), checked by check_dataset
     dataset: Any = MISSING
     train: TrainConfig = field(default_factory=TrainConfig)
+    # the perplexity protocol's keys and a node per section (posbench/evaluations/): schema()
     eval: EvalConfig = field(default_factory=EvalConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     seed: int = 0
     device: str = "auto"
 
 
-PROTOCOLS = ("nonoverlapping", "sliding", "growing_context")
 ROPE_SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn", "rerope", "self_extend",
                  "shifted_rope")
 ROPE_REMAPS = ROPE_SCALINGS[5:]  # of relative distances, not of frequencies
@@ -161,17 +103,33 @@ RANDOMIZED_POSITIONS = ("random", "plain")
 DEVICES = ("auto", "cpu", "cuda")
 LOGGERS = ("none", "wandb")
 LOGGER_MODES = ("offline", "online", "disabled")
-RETRIEVAL_METRICS = ("bits_saved", "exact_match")
+
+
+def schema() -> type:
+    """Config with its `eval` node holding every registered section's (eval.retrieval, ...)."""
+    return _schema(evaluations.eval_schema())
+
+
+@functools.lru_cache(maxsize=None)
+def _schema(eval_schema: type) -> type:  # one class per eval schema, so that typed configs merge
+    return dataclasses.make_dataclass(
+        "Config", [("eval", eval_schema, field(default_factory=eval_schema))], bases=(Config,))
+
+
+def schema_class(name: str) -> Optional[type]:
+    """The schema's dataclass called `name` (OmegaConf's messages name it), or None."""
+    found, todo = [], [schema()]
+    while todo:
+        cls = todo.pop()
+        found.append(cls)
+        todo += [f.default_factory for f in dataclasses.fields(cls)
+                 if dataclasses.is_dataclass(f.default_factory)]
+    return next((cls for cls in found if cls.__name__ == name), None)
 
 
 def register_schemas() -> None:
     # first in config.yaml's defaults: every group merged after it is checked against these types
-    ConfigStore.instance().store(name="posbench_schema", node=Config)
-
-
-def _positive(key: str, value: Any) -> None:
-    require(isinstance(value, int) and not isinstance(value, bool) and value > 0,
-             key, value, "a positive integer")
+    ConfigStore.instance().store(name="posbench_schema", node=schema())
 
 
 def _no_extra_keys(node: DictConfig, schema: type, prefix: str = "") -> None:
@@ -186,17 +144,6 @@ def _no_extra_keys(node: DictConfig, schema: type, prefix: str = "") -> None:
         sub = getattr(schema, "__dataclass_fields__")[key].default_factory
         if dataclasses.is_dataclass(sub) and isinstance(node[key], DictConfig):
             _no_extra_keys(node[key], sub, f"{prefix}{key}.")
-
-
-def _check_stride(eval_cfg, lengths: List[int]) -> None:
-    stride = eval_cfg.stride
-    if stride is None:
-        require(eval_cfg.protocol != "sliding", "eval.stride", stride,
-                 "a positive integer with eval.protocol=sliding (tokens scored per window)")
-        return
-    _positive("eval.stride", stride)
-    require(stride <= min(lengths), "eval.stride", stride,
-             f"at most the shortest eval length {min(lengths)}")
 
 
 def _check_rope_scaling_factor(eval_cfg) -> None:
@@ -217,7 +164,7 @@ def _check_rope_remap(cfg) -> None:
     if window is not None:
         require(scaling in ROPE_REMAPS, "eval.rope_window", window,
                 f"null unless eval.rope_scaling is one of {ROPE_REMAPS}")
-        _positive("eval.rope_window", window)
+        require_positive("eval.rope_window", window)
     if shift is not None:
         require(scaling == "shifted_rope", "eval.rope_shift", shift,
                 "null unless eval.rope_scaling=shifted_rope")
@@ -242,7 +189,7 @@ def _check_attention(m) -> None:
             f"one of {ATTENTIONS}{did_you_mean(attention, ATTENTIONS)}")
     window = m.get("attention_window")
     if window is not None:
-        _positive("model.attention_window", window)
+        require_positive("model.attention_window", window)
 
 
 def _check_temperature(cfg) -> None:
@@ -280,37 +227,6 @@ def _check_switch(cfg) -> None:
     entry.cls.check(entry.config, cfg)
 
 
-def _check_retrieval(cfg) -> None:
-    # runs saved before these keys existed take their defaults
-    tolerance = cfg.eval.get("ppl_tolerance", EvalConfig.ppl_tolerance)
-    require(math.isfinite(tolerance) and tolerance >= 0, "eval.ppl_tolerance", tolerance,
-             "a finite number >= 0")
-    mix = cfg.train.get("retrieval_mix", 0.0)
-    require(0 <= mix < 1, "train.retrieval_mix", mix,
-             "a fraction in [0, 1) (the share of training sequences that are passkeys)")
-    task = not dataset_class(cfg.dataset).text
-    require(mix == 0 or not task, "train.retrieval_mix", mix,
-             f"0 for dataset={cfg.dataset.name} (passkeys are planted in text)")
-    r = OmegaConf.merge(OmegaConf.structured(RetrievalConfig), cfg.eval.get("retrieval", {}))
-    for key in ("key_tokens", "keys", "trials"):
-        _positive(f"eval.retrieval.{key}", r[key])
-    for n in r.lengths or []:
-        _positive("eval.retrieval.lengths", n)
-    require(len(r.depths) > 0, "eval.retrieval.depths", list(r.depths),
-             "a non-empty list of depths in [0, 1]")
-    for depth in r.depths:
-        require(0 <= depth <= 1, "eval.retrieval.depths", depth,
-                 "depths in [0, 1] (0: the key at the start of the filler, 1: at its end)")
-    require(r.metric in RETRIEVAL_METRICS, "eval.retrieval.metric", r.metric,
-             f"one of {RETRIEVAL_METRICS}")
-    require(math.isfinite(r.threshold) and (r.metric == "bits_saved" or 0 < r.threshold <= 1),
-             "eval.retrieval.threshold", r.threshold,
-             "a fraction in (0, 1] with metric exact_match" if r.metric == "exact_match"
-             else "a finite number (bits saved per key token)")
-    require(not r.enabled or not task, "eval.retrieval.enabled", r.enabled,
-             f"false for dataset={cfg.dataset.name} (its tasks report exact match already)")
-
-
 def rename_saved_keys(cfg: DictConfig) -> None:
     """A run saved before eval.temperature existed holds eval.logn_scaling, which it replaced:
     true is eval.temperature=logn. Renamed in place, so that its saved config still checks and
@@ -328,19 +244,19 @@ def check(cfg: DictConfig) -> None:
 
     rename_saved_keys(cfg)
     try:
-        OmegaConf.merge(OmegaConf.structured(Config), cfg)
+        OmegaConf.merge(OmegaConf.structured(schema()), cfg)
     except Exception as err:  # omegaconf names the key and the expected type
         raise ConfigError(str(err).splitlines()[0]) from None
-    _no_extra_keys(cfg, Config)
+    _no_extra_keys(cfg, schema())
 
     m = cfg.model
     for key in ("n_layer", "n_head", "d_model", "mlp_ratio"):
-        _positive(f"model.{key}", m[key])
+        require_positive(f"model.{key}", m[key])
     require(m.d_model % m.n_head == 0, "model.d_model", m.d_model,
              f"a multiple of model.n_head={m.n_head}")
     _check_attention(m)
     for key in ("seq_len", "steps", "batch_size", "log_every"):
-        _positive(f"train.{key}", cfg.train[key])
+        require_positive(f"train.{key}", cfg.train[key])
     require(cfg.train.ckpt_every >= 0, "train.ckpt_every", cfg.train.ckpt_every,
              "an integer >= 0 (0: a checkpoint only at the end)")
     val_every = cfg.train.get("val_every", 0)  # absent from runs saved before it existed
@@ -351,14 +267,7 @@ def check(cfg: DictConfig) -> None:
              cfg.train.position_lr_mult, "a positive number")
     require(0 <= cfg.train.warmup_steps, "train.warmup_steps", cfg.train.warmup_steps,
              "an integer >= 0")
-    lengths = list(cfg.eval.lengths)
-    require(len(lengths) > 0, "eval.lengths", lengths, "a non-empty list of positive integers")
-    for n in lengths:
-        _positive("eval.lengths", n)
-    _positive("eval.tokens", cfg.eval.tokens)
-    _positive("eval.batch_tokens", cfg.eval.batch_tokens)
-    require(cfg.eval.protocol in PROTOCOLS, "eval.protocol", cfg.eval.protocol, f"one of {PROTOCOLS}")
-    _check_stride(cfg.eval, lengths)
+    evaluations.check(cfg)  # the protocol's keys and every section's
     require(cfg.eval.rope_scaling in ROPE_SCALINGS, "eval.rope_scaling", cfg.eval.rope_scaling,
              f"one of {ROPE_SCALINGS}")
     require(cfg.eval.rope_scaling == "none" or encoding_class(cfg.encoding).rotary,
@@ -371,7 +280,6 @@ def check(cfg: DictConfig) -> None:
              f"one of {RANDOMIZED_POSITIONS}")
     _check_temperature(cfg)
     _check_switch(cfg)
-    _check_retrieval(cfg)
     require(cfg.device in DEVICES, "device", cfg.device, f"one of {DEVICES}")
     require(cfg.logger.name in LOGGERS, "logger.name", cfg.logger.name, f"one of {LOGGERS}")
     require(cfg.logger.mode in LOGGER_MODES, "logger.mode", cfg.logger.mode, f"one of {LOGGER_MODES}")

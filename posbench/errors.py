@@ -26,6 +26,12 @@ def require(ok: bool, key: str, value, accepted: str) -> None:
         raise ConfigError(f"{key}={value!r} is not accepted; expected {accepted}")
 
 
+def require_positive(key: str, value) -> None:
+    """require() of a positive integer (not a bool)."""
+    require(isinstance(value, int) and not isinstance(value, bool) and value > 0, key, value,
+            "a positive integer")
+
+
 def did_you_mean(value: str, options) -> str:
     """' (did you mean 'alibi'?)' for the closest option to a misspelt value, else ''."""
     import difflib

@@ -29,6 +29,8 @@ import torch
 
 from posbench.attention import BLOCK_ELEMENTS
 from posbench.config import ROPE_REMAPS
+from posbench.evaluations.base import with_train_length
+from posbench.evaluations.perplexity import protocol_of
 
 BASE_BYTES = 1 << 29  # the interpreter, torch and the corpus
 ACTIVATIONS_PER_LAYER = 28  # fp32 values kept per token and unit of d_model, per layer
@@ -61,14 +63,12 @@ def _score_blocks(blocks: int, batch: int, heads: int, length: int) -> int:
 
 def _processed_tokens(eval_cfg, length: int) -> int:
     """Tokens fed to the model at one length: windows times the length."""
-    scored = length if eval_cfg.protocol == "nonoverlapping" else (
-        eval_cfg.stride or min(eval_cfg.lengths))
+    scored = protocol_of(eval_cfg).stride(eval_cfg) or length
     return math.ceil(eval_cfg.tokens / scored) * length
 
 
 def estimate(cfg, world_size: int = 1) -> Estimate:
     """The estimate of a checked config (no data read: the model is built on the meta device)."""
-    from posbench.evaluate import with_train_length
     from posbench.model import build_model
 
     with torch.device("meta"):

@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from posbench.attention import BLOCK_ELEMENTS, attention_probs
 from posbench.errors import ConfigError
 from posbench.data import prepare
-from posbench.data.windows import eval_plan
+from posbench.evaluations.perplexity import eval_plan
 from posbench.io import write_json
 from posbench.plots import pyplot, save_figure
 from posbench.device import resolve_device

@@ -12,13 +12,12 @@ from typing import Any, Dict, Optional
 from omegaconf import DictConfig
 
 from posbench.checkpoint import CHECKPOINT
-from posbench.config import EvalConfig, flatten, to_container
+from posbench.config import flatten, to_container
 from posbench.errors import ConfigError
-from posbench.evaluate import evaluate
+from posbench import evaluations
 from posbench.loggers import make_logger, run_group
 from posbench.resolvers import summary
 from posbench.results import load_results, print_curve, results_record, write_results
-from posbench.retrieval import evaluate_retrieval, plan_passkeys
 from posbench.run import finished_results, prepare_run, trained_model
 
 
@@ -36,7 +35,7 @@ def override_text(value: Any) -> str:
 def _scored_with(config: dict) -> dict:
     """The keys a re-score may change, flat: eval.* (a key added to EvalConfig after the run was
     trained counts at its default, which is how the run was scored) and device."""
-    defaults = dataclasses.asdict(EvalConfig())
+    defaults = dataclasses.asdict(evaluations.eval_schema()())
     return flatten({"eval": {**defaults, **config.get("eval", {})}, "device": config.get("device")})
 
 
@@ -91,15 +90,13 @@ def reevaluate(cfg: DictConfig, run_dir: Path, trained: Optional[dict] = None) -
                           f"a re-score with {key}={override_text(_scored_with(done['config'])[key])}"
                           "; expected those eval values, or delete that file to score again "
                           "(nothing was overwritten)")
-    device, data = prepare_run(cfg)
+    device, data, planned = prepare_run(cfg)
     loaded = trained_model(run_dir, device)
     loaded.require_corpus(data)
     model = loaded.model
-    curve = evaluate(model, data, cfg.eval, device, cfg.train.seq_len)
-    passkeys = plan_passkeys(cfg, data)
-    retrieval = (evaluate_retrieval(model, passkeys, cfg.eval, cfg.train.seq_len, device)
-                 if cfg.eval.retrieval.enabled else None)
-    record = results_record(cfg, model, data, curve, train=trained["train"], retrieval=retrieval)
+    scores = evaluations.run(planned, model, device)
+    curve = scores["curve"]
+    record = results_record(cfg, model, data, curve, train=trained["train"], sections=scores)
     record["evaluated_from"] = str(run_dir / CHECKPOINT)
     record["rescore"] = {"tag": tag, "label": label, "changes": changes}
     write_results(run_dir, record, name=name, original=trained)

@@ -22,7 +22,7 @@ from hydra.experimental.callback import Callback
 from posbench.config import flatten
 from posbench.errors import ConfigError
 from posbench.io import write_text
-from posbench import retrieval
+from posbench.evaluations import retrieval
 from posbench.parity import UNDER_TRAINED, Gap, parity_gaps
 from posbench.plots import METRICS, plot_curves
 from posbench.reeval import change_label, eval_changes, override_text

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import List, Optional
 
 from posbench.config import EvalConfig, to_container
-from posbench.data.windows import scored_block
 from posbench.encodings.rope import remap_record
 from posbench.io import write_json, write_text
 from posbench.parity import ppl_at
-from posbench.retrieval import ppl_effective_length
+from posbench import evaluations
+from posbench.evaluations.perplexity import ppl_effective_length, protocol_of
 from posbench.plots import plot_curves, plot_per_position
 from posbench.version import __version__
 
@@ -24,8 +24,11 @@ REFUSED = "refused.json"
 
 def results_record(cfg, model, data, curve: List[dict], train: dict,
                    status: str = "ok", error: Optional[str] = None,
-                   retrieval: Optional[dict] = None) -> dict:
+                   sections: Optional[dict] = None) -> dict:
+    """`sections`: each section's result by its name (posbench/evaluations/base.py); a section
+    that did not run is null."""
     m = cfg.model
+    ran = {s: (sections or {}).get(s.name) for s in evaluations.sections()}
     tolerance = cfg.eval.get("ppl_tolerance", EvalConfig.ppl_tolerance)  # older runs lack it
     record = {
         "encoding": cfg.encoding.name, "seed": cfg.seed, "status": status,
@@ -34,7 +37,7 @@ def results_record(cfg, model, data, curve: List[dict], train: dict,
         "dataset": {"name": data.name, "fingerprint": data.fingerprint},
         "train": train,
         "eval": {"protocol": cfg.eval.protocol, "tokens_per_length": cfg.eval.tokens,
-                 "stride": scored_block(cfg.eval),
+                 "stride": protocol_of(cfg.eval).stride(cfg.eval),
                  "rope_scaling": cfg.eval.rope_scaling,
                  "rope_scaling_factor": cfg.eval.rope_scaling_factor,
                  # rerope, self_extend, shifted_rope: their values at this L
@@ -44,20 +47,35 @@ def results_record(cfg, model, data, curve: List[dict], train: dict,
                  # the reference of parity between runs (posbench/parity.py)
                  "train_len_ppl": ppl_at(curve, cfg.train.seq_len),
                  "ppl_tolerance": tolerance,
-                 # posbench/retrieval.py: the largest lengths where ppl and retrieval hold up
+                 # the largest lengths where ppl and each section that measures one hold up
                  "effective_length": {
                      "ppl": ppl_effective_length(curve, cfg.train.seq_len, tolerance),
-                     "retrieval": retrieval["effective_length"] if retrieval else None},
+                     **{s.name: result["effective_length"] if result else None
+                        for s, result in ran.items() if s.effective_length}},
                  "curve": curve,
-                 "retrieval": retrieval},
+                 **{s.name: result for s, result in ran.items()}},
         "notes": model.encoding.notes(),
         "version": __version__,
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "config": to_container(cfg),
     }
+    if cfg.train.get("init_from"):
+        record["lineage"] = lineage(cfg)
     if error:
         record["error"] = error
     return record
+
+
+def lineage(cfg) -> List[dict]:
+    """The runs this one continues (train.init_from, an extension's parent, and the runs that one
+    continues), first run first: each its run dir and what it trained at."""
+    parent = Path(cfg.train.init_from)
+    record = load_results(parent / RESULTS)
+    t = record["config"]["train"]
+    return record.get("lineage", []) + [{
+        "run_dir": str(parent), "encoding": record["encoding"], "seq_len": t["seq_len"],
+        "steps": t["steps"], "rope_scaling": t.get("rope_scaling", "none"),
+        "rope_scaling_factor": t.get("rope_scaling_factor"), "pose_span": t.get("pose_span")}]
 
 
 def curve_csv(curve: List[dict]) -> str:
@@ -94,9 +112,7 @@ def write_results(run_dir: Path, record: dict, name: str = RESULTS,
                   original: Optional[dict] = None) -> None:
     """results.json, curve.csv, ppl_vs_length.png, per_position.csv and .png, and for a task
     accuracy_vs_length.png; `name` lets re-scores sit beside, and their plots overlay the
-    `original` results' curve."""
-    from posbench.retrieval import plot_heatmap
-
+    `original` results' curve; each section that ran writes its own files."""
     stem = Path(name).stem.replace("results", "", 1)
     curve = record["eval"]["curve"]
     train_len = record["train"]["seq_len"]
@@ -117,9 +133,9 @@ def write_results(run_dir: Path, record: dict, name: str = RESULTS,
             base_of = {label: base}
         plot_curves(series, train_len, run_dir / f"{metric}_vs_length{stem}.png", title=title,
                     metric=metric, base_of=base_of)
-    if record["eval"].get("retrieval"):
-        plot_heatmap(record["eval"]["retrieval"], train_len,
-                     run_dir / f"retrieval_heatmap{stem}.png", title=title)
+    for section in evaluations.sections():
+        if record["eval"].get(section.name):
+            section.write(record["eval"][section.name], train_len, run_dir, stem, title)
     if any("per_position" in p for p in curve):
         write_text(run_dir / f"per_position{stem}.csv", per_position_csv(curve))
         plot_per_position(curve, train_len, run_dir / f"per_position{stem}.png", title=title)

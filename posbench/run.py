@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Union
+from typing import Callable, List, Optional, Union
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -32,17 +32,16 @@ from omegaconf import DictConfig, OmegaConf
 from posbench import distributed
 from posbench.checkpoint import CHECKPOINT, Checkpoint
 from posbench.config import flatten, to_container
-from posbench.data import prepare
-from posbench.data.tokens import TokenData
-from posbench.data.windows import check_train_len, eval_plan
+from posbench import evaluations
+from posbench.data import Data, prepare
 from posbench.device import resolve_device
 from posbench.errors import CheckpointError, ConfigError, one_line
-from posbench.evaluate import evaluate, with_train_length
+from posbench.evaluations import Evaluation
+from posbench.evaluations.retrieval import training_mix
 from posbench.io import FileLock, LockHeld, write_json
 from posbench.loggers import NoLogger, make_logger
 from posbench.model import build_model
 from posbench.results import RESULTS, load_results, print_curve, results_record, write_results
-from posbench.retrieval import Passkeys, evaluate_retrieval, plan_passkeys
 from posbench.train import Progress, fit
 from posbench.version import __version__
 
@@ -100,7 +99,7 @@ def require_same_run(cfg: DictConfig, saved: dict, path: Path) -> None:
                           "(nothing was overwritten)")
 
 
-def require_same_corpus(trained_on: str, path: Path, data: TokenData, expected: str) -> None:
+def require_same_corpus(trained_on: str, path: Path, data: Data, expected: str) -> None:
     """Refuses data other than the corpus (fingerprint `trained_on`) that `path` was trained on."""
     if trained_on != data.fingerprint:
         raise ConfigError(f"dataset {data.name} now has fingerprint {data.fingerprint}; {path} was "
@@ -124,29 +123,28 @@ def lock_run_dir(run_dir: Path) -> FileLock:
 
 
 def prepare_run(cfg: DictConfig):
-    """The device and the data, after refusing what the config asks of them that they cannot
-    give: a batch that does not split over the processes, windows the data does not hold."""
+    """The device, the data and the planned evaluations (posbench/evaluations/), after refusing
+    what the config asks of them that they cannot give: a batch that does not split over the
+    processes, windows the data does not hold."""
     device = distributed.setup(resolve_device(cfg.device))
     if cfg.train.batch_size % distributed.world_size():
         raise ConfigError(f"train.batch_size={cfg.train.batch_size} is not accepted with "
                           f"{distributed.world_size()} processes; expected a multiple of it")
     data = prepare(cfg.dataset)
-    check_train_len(data, cfg.train.seq_len)
-    eval_cfg = with_train_length(cfg.eval, cfg.train.seq_len)
-    for length in eval_cfg.lengths:
-        eval_plan(data, length, eval_cfg)
-    return device, data
+    data.check_train_len(cfg.train.seq_len)
+    return device, data, evaluations.plan(cfg, data)
 
 
 @dataclass
 class Start:
     """A run whose config and run dir were accepted, before anything but its lock is written."""
     device: torch.device
-    data: TokenData
+    data: Data
     model: torch.nn.Module
     checkpoint: Optional[Checkpoint]  # to resume from; None: step 0
     lock: Optional[FileLock]  # the run dir's, held until the run ends; None on ranks > 0
-    passkeys: Optional[Passkeys] = None  # when the run plants or asks passkeys
+    evaluations: List[Evaluation]  # planned, run after training
+    plant: Optional[Callable] = None  # train_batch's, for train.retrieval_mix
 
     def release(self) -> None:
         if self.lock:
@@ -195,22 +193,22 @@ class RunDir:
                 raise ConfigError(f"run dir {str(run_dir)!r} is not accepted: another process "
                                   "wrote its results.json while this one started; expected one "
                                   "process per run dir (nothing was overwritten)")
-            device, data = prepare_run(cfg)
-            passkeys = plan_passkeys(cfg, data)
+            device, data, planned = prepare_run(cfg)
+            plant = training_mix(cfg, data)
             torch.manual_seed(cfg.seed)
             model = build_model(cfg, data.vocab_size)
             checkpoint = None
             if (run_dir / CHECKPOINT).exists():
                 checkpoint = Checkpoint.load(run_dir / CHECKPOINT)
                 check_resumable(cfg, checkpoint, run_dir / CHECKPOINT, data, model)
-            return Start(device, data, model.to(device), checkpoint, lock, passkeys)
+            return Start(device, data, model.to(device), checkpoint, lock, planned, plant)
         except BaseException:
             if lock:
                 lock.release()
             raise
 
 
-def check_resumable(cfg: DictConfig, checkpoint: Checkpoint, path: Path, data: TokenData,
+def check_resumable(cfg: DictConfig, checkpoint: Checkpoint, path: Path, data: Data,
                     model) -> None:
     """Refuses a checkpoint of another version, config or corpus; loads its weights."""
     if checkpoint.version != __version__:
@@ -286,18 +284,15 @@ def run_started(cfg: DictConfig, run_dir: Path, group: str, name: str,
         summary = fit(cfg, start, run_dir, logger, progress)
         if not main:
             return None
-        curve = evaluate(start.model, start.data, cfg.eval, start.device, cfg.train.seq_len)
-        retrieval = (evaluate_retrieval(start.model, start.passkeys, cfg.eval, cfg.train.seq_len,
-                                        start.device)
-                     if cfg.eval.retrieval.enabled else None)
-        record = results_record(cfg, start.model, start.data, curve, train=summary,
-                                retrieval=retrieval)
+        scores = evaluations.run(start.evaluations, start.model, start.device)
+        record = results_record(cfg, start.model, start.data, scores["curve"], train=summary,
+                                sections=scores)
         write_results(run_dir, record)
     except Exception as err:  # noqa: BLE001 - any failure of a started run is recorded
         raise record_failure(cfg, start, run_dir, progress, err) from err
     except KeyboardInterrupt as err:  # recorded like a failure, but it stops a sweep too
         raise Interrupted(str(record_failure(cfg, start, run_dir, progress, err))) from None
-    logger.log_curve(curve, step=cfg.train.steps + 1)  # after every training row
+    logger.log_curve(scores["curve"], step=cfg.train.steps + 1)  # after every training row
     logger.finish({"final_loss": summary["final_loss"],
                    "train_len_ppl": record["eval"]["train_len_ppl"],
                    **{f"effective_length/{k}": v
@@ -314,7 +309,7 @@ class Trained:
     checkpoint: Path
     dataset: str  # fingerprint of the corpus it was trained on
 
-    def require_corpus(self, data: TokenData) -> None:
+    def require_corpus(self, data: Data) -> None:
         require_same_corpus(self.dataset, self.checkpoint, data, "the training corpus")
 
 

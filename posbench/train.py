@@ -18,11 +18,9 @@ from omegaconf import DictConfig
 from posbench import distributed
 from posbench.checkpoint import CHECKPOINT, Checkpoint
 from posbench.config import to_container
-from posbench.data.tasks import IGNORE
-from posbench.data.windows import train_batch
+from posbench.data.windows import IGNORE
 from posbench.device import allow_tf32, autocast, rng_state, set_rng_state
 from posbench.progress import Bar
-from posbench.retrieval import mixer
 from posbench.trainlog import LOSS_PLOT, METRICS, MetricsLog, Validation, plot_losses
 from posbench.version import __version__
 
@@ -130,13 +128,12 @@ def fit(cfg: DictConfig, start, run_dir: Path, logger, progress: Progress) -> di
         set_rng_state(start.checkpoint.rng, device)
         window.restore(start.checkpoint)
         seconds, progress.last_loss = start.checkpoint.seconds, start.checkpoint.last_loss
-    plant = mixer(start.passkeys, t.get("retrieval_mix", 0.0))
     log = TrainingLog(cfg, start, run_dir, logger, progress.first)
     session = time.perf_counter()
     model.train()
     for step in range(progress.first, t.steps):
         x, y = (distributed.shard(z).to(device, non_blocking=True) for z in
-                train_batch(data, t.seq_len, t.batch_size, cfg.seed, step, plant))
+                data.train_batch(t.seq_len, t.batch_size, cfg.seed, step, start.plant))
         lr = lr_at(step, t)
         model.encoding.at_step(step)  # a schedule's encoding for this step (train.switch_*)
         window.add(train_step(model, step_fn, optimizer, x, y, lr, t.grad_clip))

@@ -16,10 +16,9 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from posbench.config import EvalConfig
-from posbench.data.windows import eval_plan
 from posbench.device import autocast
-from posbench.encodings.base import EVAL_OPTIONS
+from posbench.evaluations.base import set_eval_options
+from posbench.evaluations.perplexity import eval_plan
 from posbench.io import write_text
 from posbench.plots import pyplot, save_figure
 
@@ -74,7 +73,7 @@ class Validation:
     @torch.no_grad()
     def __call__(self, model) -> float:
         model.eval()
-        model.encoding.set_eval_options(*(getattr(EvalConfig, key) for key in EVAL_OPTIONS))
+        set_eval_options(model, {})  # the defaults
         rows, answers = self.plan.rows(0, self.windows)
         rows = torch.from_numpy(rows.astype(np.int64)).to(self.device)
         with autocast(self.device):

@@ -38,7 +38,7 @@ from torch import nn
 import posbench
 from posbench.encodings.alibi import alibi_slopes
 from posbench.encodings.t5 import T5Bias, t5_bucket
-from posbench.evaluate import is_oom
+from posbench.evaluations.base import is_oom
 from posbench.train import make_optimizer
 
 VOCAB = 256  # posbench's byte-level default

@@ -37,6 +37,14 @@ def assert_shift_invariant(model, idx, offsets=(1, 17, 1000), per_sequence=False
     return base
 
 
+def window_starts(data, length, tokens):
+    """Where the nonoverlapping windows that evaluation scores at `length` start in data.tokens
+    (eval.tokens=tokens)."""
+    from posbench.evaluations.perplexity import eval_plan
+
+    return eval_plan(data, length, {"lengths": [length], "tokens": tokens}).starts
+
+
 def posbench_cli(*args, cwd, env=None, timeout=600, ok=True, **kwargs):
     """The installed `posbench ARGS` in a subprocess; with ok, it must exit 0."""
     proc = subprocess.run([shutil.which("posbench"), *args], cwd=cwd, env=env, capture_output=True,

@@ -8,11 +8,10 @@ import torch
 
 import posbench
 from posbench.data import prepare, vocab_size
-from posbench.data.tasks import IGNORE
-from posbench.data.windows import eval_plan, train_batch
+from posbench.data.windows import IGNORE
 from posbench.errors import ConfigError
-from posbench.evaluate import evaluate
-from posbench.retrieval import Passkeys
+from posbench.evaluations.perplexity import eval_plan, evaluate
+from posbench.evaluations.retrieval import Passkeys
 from helpers import results, run_in_process
 
 
@@ -32,8 +31,8 @@ def test_bos_is_one_id_past_the_tokenizer_and_the_corpus_is_the_same(data):
 
 def test_training_windows_start_with_bos_whose_prediction_is_not_trained(data):
     plain, bos = data
-    x0, y0 = train_batch(plain, 32, 4, seed=0, step=3)
-    x, y = train_batch(bos, 32, 4, seed=0, step=3)
+    x0, y0 = plain.train_batch(32, 4, seed=0, step=3)
+    x, y = bos.train_batch(32, 4, seed=0, step=3)
     assert (x[:, 0] == 256).all() and (y[:, 0] == IGNORE).all()
     # the same windows otherwise: only the first token and the target predicted from it differ
     assert torch.equal(x[:, 1:], x0[:, 1:]) and torch.equal(y[:, 1:], y0[:, 1:])

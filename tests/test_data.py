@@ -7,7 +7,7 @@ import posbench
 from posbench.errors import ConfigError
 from posbench.data import build_dataset, prepare
 from posbench.data.tokens import is_validation, read_token_dir
-from posbench.data.windows import check_train_len, eval_windows, train_batch
+from helpers import window_starts
 
 
 def test_stdlib_corpus_is_split_by_file_and_fingerprinted(stdlib_data):
@@ -47,9 +47,9 @@ def test_corrupt_token_cache_is_refused(stdlib_data, tmp_path):
 
 
 def test_train_batches_are_seeded_and_inside_one_document(stdlib_data):
-    x1, y1 = train_batch(stdlib_data, 64, 8, seed=3, step=10)
-    x2, _ = train_batch(stdlib_data, 64, 8, seed=3, step=10)
-    x3, _ = train_batch(stdlib_data, 64, 8, seed=3, step=11)
+    x1, y1 = stdlib_data.train_batch(64, 8, seed=3, step=10)
+    x2, _ = stdlib_data.train_batch(64, 8, seed=3, step=10)
+    x3, _ = stdlib_data.train_batch(64, 8, seed=3, step=11)
     assert x1.equal(x2) and not x1.equal(x3)
     assert x1[:, 1:].equal(y1[:, :-1])
     tokens = np.asarray(stdlib_data.tokens)
@@ -62,9 +62,9 @@ def test_train_batches_are_seeded_and_inside_one_document(stdlib_data):
 
 def test_eval_windows_are_deterministic_nonoverlapping_and_inside_validation(stdlib_data):
     length, tokens = 512, 8192
-    starts = eval_windows(stdlib_data, length, tokens)
+    starts = window_starts(stdlib_data, length, tokens)
     assert len(starts) == tokens // length
-    assert np.array_equal(starts, eval_windows(stdlib_data, length, tokens))
+    assert np.array_equal(starts, window_starts(stdlib_data, length, tokens))
     assert np.all(np.diff(starts) >= length + 1)
     val = stdlib_data.val_docs
     doc = np.searchsorted(val, starts, side="right") - 1
@@ -73,6 +73,6 @@ def test_eval_windows_are_deterministic_nonoverlapping_and_inside_validation(std
 
 def test_too_long_lengths_are_refused_with_the_numbers(stdlib_data):
     with pytest.raises(ConfigError, match=r"eval.lengths entry 10000000"):
-        eval_windows(stdlib_data, 10_000_000, 10_000_000)
+        window_starts(stdlib_data, 10_000_000, 10_000_000)
     with pytest.raises(ConfigError, match=r"train.seq_len=10000000"):
-        check_train_len(stdlib_data, 10_000_000)
+        stdlib_data.check_train_len(10_000_000)

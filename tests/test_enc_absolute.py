@@ -13,7 +13,7 @@ from posbench.encodings.binary import binary_table
 from posbench.encodings.integer import Integer, IntegerConfig
 from posbench.encodings.randomized import sorted_draws
 from posbench.encodings.sinusoidal import sinusoid_table
-from posbench.evaluate import evaluate
+from posbench.evaluations.perplexity import evaluate
 
 SMALL = ["model.n_layer=2", "model.d_model=32", "model.n_head=2"]
 

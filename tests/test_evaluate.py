@@ -6,8 +6,8 @@ import torch
 from omegaconf import OmegaConf
 
 import posbench
-from posbench.data.windows import eval_windows
-from posbench.evaluate import evaluate
+from posbench.evaluations.perplexity import evaluate
+from helpers import window_starts
 
 
 def test_nonoverlapping_scores_the_same_windows_and_token_count(stdlib_data):
@@ -20,7 +20,7 @@ def test_nonoverlapping_scores_the_same_windows_and_token_count(stdlib_data):
     curve = evaluate(model, stdlib_data, eval_cfg, torch.device("cpu"))
     assert [p["tokens"] for p in curve] == [1024, 1024]
     # recompute the 256 point by hand from the same windows
-    starts = eval_windows(stdlib_data, 256, 1024)
+    starts = window_starts(stdlib_data, 256, 1024)
     rows = torch.from_numpy(np.stack([stdlib_data.tokens[s:s + 257] for s in starts]).astype(np.int64))
     with torch.no_grad():
         logits = model(rows[:, :-1])

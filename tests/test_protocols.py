@@ -10,8 +10,7 @@ from omegaconf import OmegaConf
 
 import posbench
 from posbench.errors import ConfigError
-from posbench.data.windows import eval_plan
-from posbench.evaluate import bin_positions, evaluate
+from posbench.evaluations.perplexity import bin_positions, eval_plan, evaluate
 from helpers import posbench_cli, results
 
 

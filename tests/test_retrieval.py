@@ -1,4 +1,4 @@
-"""Passkey retrieval (posbench/retrieval.py): the sequences, both scores against oracles, the
+"""Passkey retrieval (posbench/evaluations/retrieval.py): the sequences, both scores against oracles, the
 effective lengths, train.retrieval_mix, and the whole path through the installed command."""
 import json
 import math
@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 import posbench
-from posbench.data.windows import train_batch
-from posbench.retrieval import (Passkeys, effective_length, key_scores, mixer,
-                                ppl_effective_length, retrieval_config, sequences)
+from posbench.evaluations.base import effective_length
+from posbench.evaluations.perplexity import ppl_effective_length
+from posbench.evaluations.retrieval import Passkeys, Retrieval, key_scores, mixer, sequences
 from helpers import posbench_cli, run_in_process
 
 QUESTION = b"\nwhat is the key? the key is "
@@ -23,7 +23,7 @@ def passkeys(stdlib_data):
 
 
 def config(**values):
-    r = retrieval_config(posbench.compose([]).eval)
+    r = Retrieval.config(posbench.compose([]))
     for key, value in values.items():
         setattr(r, key, value)
     return r
@@ -129,18 +129,18 @@ def test_the_training_mix_replaces_its_share_of_rows_per_seed_and_step(stdlib_da
     plant = mixer(passkeys, 0.3)
     shares = []
     for step in range(40):
-        x, y = train_batch(stdlib_data, 64, 10, 0, step, plant)
-        plain, _ = train_batch(stdlib_data, 64, 10, 0, step)
+        x, y = stdlib_data.train_batch(64, 10, 0, step, plant)
+        plain, _ = stdlib_data.train_batch(64, 10, 0, step)
         mask = planted(x)
         assert mask.sum() == 3
         assert torch.equal(x[~torch.from_numpy(mask)], plain[~torch.from_numpy(mask)])
         assert torch.equal(x[:, 1:], y[:, :-1])
         shares.append(mask.mean())
     assert np.mean(shares) == pytest.approx(0.3)
-    again, _ = train_batch(stdlib_data, 64, 10, 0, 7, plant)
-    assert torch.equal(again, train_batch(stdlib_data, 64, 10, 0, 7, plant)[0])
-    assert not torch.equal(again, train_batch(stdlib_data, 64, 10, 1, 7, plant)[0])
-    odd = [planted(train_batch(stdlib_data, 64, 4, 0, step, mixer(passkeys, 0.3))[0]).sum()
+    again, _ = stdlib_data.train_batch(64, 10, 0, 7, plant)
+    assert torch.equal(again, stdlib_data.train_batch(64, 10, 0, 7, plant)[0])
+    assert not torch.equal(again, stdlib_data.train_batch(64, 10, 1, 7, plant)[0])
+    odd = [planted(stdlib_data.train_batch(64, 4, 0, step, mixer(passkeys, 0.3))[0]).sum()
            for step in range(200)]
     assert set(odd) == {1, 2} and np.mean(odd) == pytest.approx(1.2, abs=0.15)
     assert mixer(passkeys, 0.0) is None

@@ -9,10 +9,10 @@ from omegaconf import OmegaConf
 import posbench
 from posbench.errors import ConfigError
 from posbench.data import prepare, registry, vocab_size
-from posbench.data.tasks import IGNORE, BOS, FIRST, PAD, PLUS, SEP, Task
-from posbench.data.windows import check_train_len, eval_windows, train_batch
-from posbench.evaluate import evaluate
-from helpers import posbench_cli, results
+from posbench.data.tasks import BOS, FIRST, PAD, PLUS, SEP, Task
+from posbench.data.windows import IGNORE
+from posbench.evaluations.perplexity import evaluate
+from helpers import posbench_cli, results, window_starts
 
 
 TASKS = [name for name, entry in registry().items() if issubclass(entry.cls, Task)]
@@ -83,10 +83,10 @@ def test_each_task_answers_what_it_says():
 
 def test_train_batches_are_seeded_and_draw_every_size_up_to_the_length():
     data = task_data("task_copy")
-    x, y = train_batch(data, 32, 64, seed=1, step=5)
+    x, y = data.train_batch(32, 64, seed=1, step=5)
     assert x.shape == y.shape == (64, 32) and x.dtype == torch.int64
-    assert x.equal(train_batch(data, 32, 64, seed=1, step=5)[0])
-    assert not x.equal(train_batch(data, 32, 64, seed=1, step=6)[0])
+    assert x.equal(data.train_batch(32, 64, seed=1, step=5)[0])
+    assert not x.equal(data.train_batch(32, 64, seed=1, step=6)[0])
     trained = y[:, :-1] != IGNORE  # only answer tokens are training targets
     assert 0 < trained.float().mean() < 1
     assert x[:, 1:][trained].equal(y[:, :-1][trained])
@@ -96,9 +96,9 @@ def test_train_batches_are_seeded_and_draw_every_size_up_to_the_length():
 
 def test_task_lengths_out_of_reach_are_refused_with_the_key():
     with pytest.raises(ConfigError, match="eval.lengths entry 5000"):
-        eval_windows(task_data("task_recall"), 5000, 5000)
+        window_starts(task_data("task_recall"), 5000, 5000)
     with pytest.raises(ConfigError, match="train.seq_len=2"):
-        check_train_len(task_data("task_addition"), 2)
+        task_data("task_addition").check_train_len(2)
     with pytest.raises(ConfigError, match="eval.protocol"):
         posbench.compose(["dataset=task_copy", "eval.protocol=sliding", "eval.stride=8"])
 

@@ -18,7 +18,10 @@ from typing import ClassVar, Tuple
 
 import numpy as np
 
+import torch
+
 from posbench.data.base import Dataset, register
+from posbench.data.windows import IGNORE, EvalPlan
 from posbench.errors import ConfigError, require
 
 PAD, BOS, SEP, PLUS = 0, 1, 2, 3
@@ -187,9 +190,6 @@ class Addition(Task):
                       2 * size + 3)
 
 
-IGNORE = -100  # cross_entropy's ignore_index: a target that is not trained on
-
-
 @dataclass
 class TaskData:
     """A task dataset: no token file, instances are generated when asked for."""
@@ -204,13 +204,28 @@ class TaskData:
             raise ConfigError(f"{key} is not accepted for dataset={self.name}: a window of {total} "
                               f"tokens is {why}; expected another length")
 
-    def train_batch(self, seq_len: int, batch_size: int, seed: int, step: int):
+    def check_train_len(self, seq_len: int) -> None:
+        self.check(seq_len + 1, f"train.seq_len={seq_len}")
+
+    def train_batch(self, seq_len: int, batch_size: int, seed: int, step: int, plant=None):
+        """Fresh instances of every size up to the window, seeded by (seed, step); no passkeys
+        are planted in a task (train.retrieval_mix is refused for it)."""
+        assert plant is None
         rng = np.random.default_rng([seed, step])
         tokens, answers = self.task.batch(rng, batch_size, seq_len + 1, fill=False)
         # train on the answers alone, the tokens evaluation scores: the inputs are random
-        return tokens[:, :-1], np.where(answers[:, 1:], tokens[:, 1:], IGNORE)
+        targets = np.where(answers[:, 1:], tokens[:, 1:], IGNORE)
+        return torch.from_numpy(tokens[:, :-1]), torch.from_numpy(targets)
 
     def eval_instances(self, length: int, tokens: int):
         """ceil(tokens / length) instances filling length + 1 tokens (inputs and targets)."""
         rng = np.random.default_rng([EVAL_SEED, length])
         return self.task.batch(rng, math.ceil(tokens / length), length + 1, fill=True)
+
+    def eval_plan(self, length: int, eval_cfg, protocol) -> EvalPlan:
+        """One instance per window, every answer scored (the protocol scores whole windows: the
+        others are refused for a task)."""
+        self.check(length + 1, f"eval.lengths entry {length}")
+        instances, answers = self.eval_instances(length, eval_cfg.tokens)
+        return EvalPlan(length, len(instances), 0,
+                        lambda i, j: (instances[i:j], answers[i:j, 1:]))

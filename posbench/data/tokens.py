@@ -10,12 +10,14 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional, Tuple
+from typing import Callable, Iterable, Optional, Tuple
 
 import numpy as np
+import torch
 
-from posbench.errors import ConfigError
 from posbench.data.documents import file_digest
+from posbench.data.windows import IGNORE, EvalPlan, starts_within, with_bos
+from posbench.errors import ConfigError
 from posbench.io import write_failed
 
 FORMAT = 1
@@ -38,6 +40,46 @@ class TokenData:
     def longest(self, split: str) -> int:
         docs = self.train_docs if split == "train" else self.val_docs
         return int(np.diff(docs).max()) if len(docs) > 1 else 0
+
+    def check_train_len(self, seq_len: int) -> None:
+        if self.longest("train") < seq_len + 1:
+            raise ConfigError(f"train.seq_len={seq_len} is not accepted; the longest training "
+                              f"document of {self.name} has {self.longest('train')} tokens, "
+                              f"expected <= {self.longest('train') - 1}")
+
+    def train_batch(self, seq_len: int, batch_size: int, seed: int, step: int,
+                    plant: Optional[Callable[[np.ndarray, int, int], None]] = None):
+        """Batch `step` of a seeded run: uniform over all windows inside training documents. It
+        depends on (seed, step) alone, so a resumed run sees exactly the batches it would have
+        seen. `plant` (train.retrieval_mix: posbench/evaluations/retrieval.py, mix_rows) replaces
+        some rows in place, from its own generator of (seed, step)."""
+        rng = np.random.default_rng([seed, step])
+        first, counts = starts_within(self.train_docs, seq_len + 1)
+        cum = np.cumsum(counts)
+        picks = rng.integers(0, cum[-1], size=batch_size)
+        doc = np.searchsorted(cum, picks, side="right")
+        starts = first[doc] + picks - (cum[doc] - counts[doc])
+        rows = np.stack([self.tokens[s:s + seq_len + 1] for s in starts]).astype(np.int64)
+        if plant is not None:
+            plant(rows, seed, step)
+        rows = torch.from_numpy(with_bos(rows, self.bos))
+        x, y = rows[:, :-1], rows[:, 1:]
+        if self.bos is not None:
+            y = y.clone()
+            y[:, 0] = IGNORE  # the prediction made at BOS
+        return x, y
+
+    def eval_plan(self, length: int, eval_cfg, protocol) -> EvalPlan:
+        """The validation windows the protocol (posbench/evaluations/perplexity.py) starts at,
+        scored from its stride's position on."""
+        starts = protocol.starts(self, length, eval_cfg)
+        block = protocol.stride(eval_cfg)
+        first = 0 if block is None else length - block
+        if self.bos is not None:
+            first = max(first, 1)  # the prediction made at BOS is not scored
+        return EvalPlan(length, len(starts), first, lambda i, j: (with_bos(
+            np.stack([self.tokens[s:s + length + 1] for s in starts[i:j]]), self.bos), None),
+            starts)
 
 
 def write_token_dir(target: Path, train: Iterable[np.ndarray], val: Iterable[np.ndarray],

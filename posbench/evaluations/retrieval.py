@@ -1,4 +1,4 @@
-"""Passkey retrieval by length and depth, and effective context lengths.
+"""eval.retrieval: passkey retrieval by length and depth, and its effective context length.
 
 A passkey sequence is real text of the run's corpus (the filler) with a needle planted at a depth
 of it, "the key is KEY. ", and a question at the end, "what is the key? the key is KEY", all in the
@@ -21,38 +21,53 @@ text, keys of 1 to TRAIN_KEY_TOKENS tokens at uniform depths, drawn per (seed, s
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import List, Optional
 
 import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from posbench.config import EvalConfig, RetrievalConfig
-from posbench.errors import ConfigError
-from posbench.data.base import dataset_config
+from posbench.data.base import dataset_class, dataset_config
 from posbench.data.tokenize import Tokenizer
-from posbench.encodings.base import EVAL_OPTIONS
-from posbench.evaluate import is_oom, with_train_length
 from posbench.device import autocast
-from posbench.progress import Bar
+from posbench.errors import ConfigError, require, require_positive
+from posbench.evaluations.base import (EvalConfig, Section, SectionConfig, effective_length,
+                                       eval_config, is_oom, register, set_eval_options,
+                                       with_train_length)
+from posbench.evaluations.perplexity import ppl_effective_length
 from posbench.plots import pyplot, save_figure
+from posbench.progress import Bar
 
 ALNUM = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 SAMPLE = 1 << 24  # validation tokens read to find which letter and digit tokens occur
 TRAIN_KEY_TOKENS = 16  # longest key planted in training sequences
 MIX_STREAM = 7  # the mix's generator is seeded (seed, step, MIX_STREAM), apart from the batch's
 FORMAT = 1  # bump when the passkey format changes: results.json records it
+METRICS = ("bits_saved", "exact_match")
 
 
-def retrieval_config(eval_cfg) -> RetrievalConfig:
-    """eval.retrieval with its defaults (a run saved before it existed has none), as the
-    dataclass: a DictConfig's `keys` would be its method."""
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RetrievalConfig),
-                                               eval_cfg.get("retrieval", {})))
+@dataclass
+class RetrievalConfig(SectionConfig):
+    """eval.retrieval: passkey retrieval by length and depth, language-model runs only."""
+    # null: eval.lengths (with the training length)
+    lengths: Optional[List[int]] = None
+    # where the asked key sits in the filler: 0 at its start, 1 just before the question
+    depths: List[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
+    key_tokens: int = 8
+    # keys planted per sequence; one of them is asked
+    keys: int = 1
+    trials: int = 8
+    seed: int = 0
+    # effective context: the largest length up to which the mean over depths of `metric` stays
+    # >= threshold. 1 bit saved per key token: a key token drawn from the corpus's ~60 letters
+    # and digits holds ~6 bits, and a model that does not copy saves 0 +- 0.15 bits
+    metric: str = "bits_saved"
+    threshold: float = 1.0
 
 
 def retrieval_lengths(eval_cfg, train_len: int) -> List[int]:
-    r = retrieval_config(eval_cfg)
+    r = Retrieval.typed(eval_cfg)
     return sorted(set(r.lengths)) if r.lengths else list(with_train_length(eval_cfg,
                                                                            train_len).lengths)
 
@@ -141,21 +156,26 @@ class Passkeys:
         return np.asarray(self.data.tokens[start:start + n], dtype=np.int64)
 
 
-def plan_passkeys(cfg, data) -> Optional[Passkeys]:
-    """The run's passkey builder when eval.retrieval.enabled or train.retrieval_mix asks for
-    one, after checking that every retrieval length and the training length hold the format."""
-    r = retrieval_config(cfg.eval)
+def plan_passkeys(cfg, data) -> Passkeys:
+    """The passkey builder of the run's retrieval evaluation, after checking that every retrieval
+    length holds the format."""
+    r = Retrieval.typed(cfg.eval)
+    passkeys = Passkeys(data, cfg.dataset)
+    for length in retrieval_lengths(cfg.eval, cfg.train.seq_len):
+        passkeys.check(length, r.keys, r.key_tokens,
+                       f"eval.retrieval.key_tokens={r.key_tokens} at length {length}")
+    return passkeys
+
+
+def training_mix(cfg, data):
+    """train_batch's `plant` for train.retrieval_mix, after checking that the training length
+    holds the format; None when the mix is 0."""
     mix = cfg.train.get("retrieval_mix", 0.0)
-    if not (r.enabled or mix):
+    if not mix:
         return None
     passkeys = Passkeys(data, cfg.dataset)
-    if mix:
-        train_key_tokens(passkeys, cfg.train.seq_len)
-    if r.enabled:
-        for length in retrieval_lengths(cfg.eval, cfg.train.seq_len):
-            passkeys.check(length, r.keys, r.key_tokens,
-                           f"eval.retrieval.key_tokens={r.key_tokens} at length {length}")
-    return passkeys
+    train_key_tokens(passkeys, cfg.train.seq_len)
+    return mixer(passkeys, mix)
 
 
 def train_key_tokens(passkeys: Passkeys, seq_len: int) -> int:
@@ -218,15 +238,14 @@ def evaluate_retrieval(model, passkeys: Passkeys, eval_cfg, train_len: int,
                        device: torch.device) -> dict:
     """The grid of lengths x depths for results.json's eval.retrieval. A cell that runs out of
     memory is recorded as such and the others still run."""
-    r = retrieval_config(eval_cfg)
+    r = Retrieval.typed(eval_cfg)
     model.eval()
-    model.encoding.set_eval_options(*(eval_cfg.get(key, getattr(EvalConfig, key))
-                                      for key in EVAL_OPTIONS))
+    set_eval_options(model, eval_cfg)
     lengths = retrieval_lengths(eval_cfg, train_len)
     grid = []
     bar = Bar("retrieval", len(lengths) * len(r.depths), "cell")
     for length in lengths:
-        per_batch = max(1, eval_cfg.get("batch_tokens", EvalConfig.batch_tokens) // length)
+        per_batch = max(1, eval_config(eval_cfg).batch_tokens // length)
         for depth in r.depths:
             rows, first, second = (torch.from_numpy(a).to(device)
                                    for a in sequences(passkeys, r, length, depth))
@@ -273,26 +292,52 @@ def by_length(grid: List[dict]) -> List[dict]:
     return out
 
 
-def effective_length(points, threshold: float) -> Optional[int]:
-    """The largest length such that the score is >= threshold at it and at every shorter
-    evaluated length; None when the shortest already falls below (or was not scored)."""
-    best = None
-    for length, value in sorted(points):
-        if value is None or not value >= threshold:
-            break
-        best = length
-    return best
+@register("retrieval", "passkey retrieval by length and depth: exact match and bits saved per "
+          "key token, and an effective context length")
+class Retrieval(Section):
+    Config = RetrievalConfig
+    effective_length = True
 
+    @classmethod
+    def check(cls, cfg: RetrievalConfig, run_cfg) -> None:
+        """Its keys, whether enabled or not, and train.retrieval_mix, which plants its passkeys
+        in training sequences."""
+        mix = run_cfg.train.get("retrieval_mix", 0.0)  # runs saved before it existed lack it
+        require(0 <= mix < 1, "train.retrieval_mix", mix,
+                "a fraction in [0, 1) (the share of training sequences that are passkeys)")
+        text = dataset_class(run_cfg.dataset).text
+        require(mix == 0 or text, "train.retrieval_mix", mix,
+                f"0 for dataset={run_cfg.dataset.name} (passkeys are planted in text)")
+        for key in ("key_tokens", "keys", "trials"):
+            require_positive(f"eval.retrieval.{key}", getattr(cfg, key))
+        for n in cfg.lengths or []:
+            require_positive("eval.retrieval.lengths", n)
+        require(len(cfg.depths) > 0, "eval.retrieval.depths", list(cfg.depths),
+                "a non-empty list of depths in [0, 1]")
+        for depth in cfg.depths:
+            require(0 <= depth <= 1, "eval.retrieval.depths", depth,
+                    "depths in [0, 1] (0: the key at the start of the filler, 1: at its end)")
+        require(cfg.metric in METRICS, "eval.retrieval.metric", cfg.metric, f"one of {METRICS}")
+        require(math.isfinite(cfg.threshold)
+                and (cfg.metric == "bits_saved" or 0 < cfg.threshold <= 1),
+                "eval.retrieval.threshold", cfg.threshold,
+                "a fraction in (0, 1] with metric exact_match" if cfg.metric == "exact_match"
+                else "a finite number (bits saved per key token)")
+        require(not cfg.enabled or text, "eval.retrieval.enabled", cfg.enabled,
+                f"false for dataset={run_cfg.dataset.name} (its tasks report exact match "
+                "already)")
 
-def ppl_effective_length(curve: List[dict], train_len: int, tolerance: float) -> Optional[int]:
-    """The largest length >= train_len up to which perplexity stays within (1 + tolerance) of its
-    value at train_len. Shorter lengths do not count: less context raises perplexity there."""
-    ppl = {p["length"]: p.get("ppl") for p in curve}
-    if ppl.get(train_len) is None:
-        return None
-    bound = (1 + tolerance) * ppl[train_len]
-    return effective_length([(n, None if v is None else bound - v) for n, v in ppl.items()
-                             if n >= train_len], 0.0)
+    def __init__(self, cfg, run_cfg, data):
+        super().__init__(cfg, run_cfg, data)
+        self.passkeys = plan_passkeys(run_cfg, data)
+
+    def run(self, model, device: torch.device) -> dict:
+        return evaluate_retrieval(model, self.passkeys, self.run_cfg.eval,
+                                  self.run_cfg.train.seq_len, device)
+
+    @classmethod
+    def write(cls, result: dict, train_len: int, run_dir, stem: str, title: str) -> None:
+        plot_heatmap(result, train_len, run_dir / f"retrieval_heatmap{stem}.png", title=title)
 
 
 # ---- plots and report ------------------------------------------------------------------------

@@ -1,0 +1,240 @@
+"""The evaluation contract and the registry: what a trained model is scored on.
+
+An evaluation is a class registered under a name (`@register(name, description)`), with a typed
+config and a `check(cfg, run_cfg)` that refuses, in one line, a value it cannot use. It runs in
+two steps: `cls(cfg, run_cfg, data)` plans it before training, building every window or
+sequence it will score, so that a length the data cannot hold is refused before any work; then
+`run(model, device)` scores the trained model and returns what results.json keeps.
+
+Two kinds:
+- a perplexity protocol (posbench/evaluations/perplexity.py: Protocol) says which validation
+  windows are scored at each length: `eval.protocol=<name>` picks one; its config is the `eval`
+  node (EvalConfig), its result the curve (results.json eval.curve).
+- a section (Section) has keys of its own under `eval.<name>` (a dataclass deriving from
+  SectionConfig, whose `enabled` turns it on) and its result at results.json eval.<name> (null
+  when it did not run): passkey retrieval (posbench/evaluations/retrieval.py) is one.
+Nothing outside this package branches on an evaluation's name.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Dict, List, Optional
+
+import torch
+from omegaconf import OmegaConf
+
+from posbench.encodings.base import EVAL_OPTIONS
+from posbench.errors import ConfigError
+
+
+@dataclass
+class EvalConfig:
+    """The `eval` node: the perplexity protocols' keys and the encoding's eval-time options,
+    which every evaluation runs with; eval_schema adds a node per section."""
+    lengths: List[int] = field(default_factory=lambda: [128, 256, 512, 1024, 2048])
+    tokens: int = 32768
+    protocol: str = "nonoverlapping"
+    # tokens scored at the end of each window: sliding needs it; growing_context scores the
+    # last `stride` tokens (default min(lengths)) with every context length; nonoverlapping
+    # scores every token and ignores it
+    stride: Optional[int] = None
+    batch_tokens: int = 16384
+    # options applied at evaluation only, without retraining (docs/encodings.md, "Eval-time
+    # options"). rope_scaling (rotary encodings): none, pi, ntk, yarn, or dynamic_ntk (HF's);
+    # or a remap of relative distances (RoPE-rotated encodings): rerope, self_extend,
+    # shifted_rope.
+    # rope_scaling_factor: null is dynamic, s = max(1, n/L) recomputed for each evaluated length
+    # n (L = train.seq_len); a number > 1 is a static s, as the papers evaluate: the same
+    # frequencies at every length, also at n <= L. For dynamic_ntk it is HF's `factor` alpha
+    # (null: 1), s = max(1, alpha*n/L - (alpha-1)) per length. For rerope it is the leaky
+    # form's k (null: pure ReRoPE), for self_extend the group size G (null: the smallest that
+    # fits each length), for shifted_rope null.
+    rope_scaling: str = "none"
+    rope_scaling_factor: Optional[float] = None
+    # the remaps' window (null: the method's default at L): rerope's w (L/8), self_extend's
+    # neighbour window W (L/4), shifted_rope's local window W (L/16); lags below it, or below
+    # shifted_rope's shift S, keep RoPE's positions
+    rope_window: Optional[int] = None
+    # shifted_rope's S (null: L/3): lags d >= S are shifted to d - S + W
+    rope_shift: Optional[int] = None
+    # the softmax temperature at evaluation, in place of every layer's fixed one (a learned one,
+    # ssmax, stays): logn, llama4_floorlog, yarn, drope_beta or none; null: the model's
+    temperature: Optional[str] = None
+    # how encoding=randomized is evaluated (every other encoding reads 0..n-1): `random` draws
+    # sorted positions below encoding.max_len as in training, as its reference does, each window
+    # from its own fixed seed; `plain` feeds 0..n-1 (posbench/encodings/randomized.py)
+    randomized_positions: str = "random"
+    # effective context by perplexity: the largest length up to which ppl stays within
+    # (1 + ppl_tolerance) of its value at the training length
+    ppl_tolerance: float = 0.1
+
+
+@dataclass
+class SectionConfig:
+    """The keys every section has under `eval.<name>` (a section's own Config adds more)."""
+    enabled: bool = False
+
+
+def eval_config(eval_cfg):
+    """The `eval` node's own keys (not the sections') as a typed config: a key that a partial
+    or older config lacks takes its default."""
+    names = {f.name for f in dataclasses.fields(EvalConfig)}
+    return OmegaConf.merge(OmegaConf.structured(EvalConfig),
+                           {k: v for k, v in OmegaConf.to_container(OmegaConf.create(eval_cfg),
+                                                                   resolve=True).items()
+                            if k in names})
+
+
+class Evaluation:
+    name: ClassVar[str] = ""  # set by register
+    description: ClassVar[str] = ""
+    key: ClassVar[str] = ""  # where results.json's eval keeps its result
+
+    @classmethod
+    def config(cls, run_cfg):
+        """Its typed config, from the run's config."""
+        raise NotImplementedError
+
+    @classmethod
+    def selected(cls, run_cfg) -> bool:
+        """Whether the run's config asks for it."""
+        raise NotImplementedError
+
+    @classmethod
+    def check(cls, cfg, run_cfg) -> None:
+        """Raise ConfigError for values it cannot use. `cfg` is its typed config, `run_cfg` the
+        whole composed config (model, dataset, train, eval)."""
+
+    def __init__(self, cfg, run_cfg, data):
+        self.cfg, self.run_cfg, self.data = cfg, run_cfg, data
+
+    def run(self, model, device: torch.device) -> Any:
+        raise NotImplementedError
+
+
+class Section(Evaluation):
+    Config: ClassVar[type] = SectionConfig
+    # its result holds an `effective_length` (tokens), which results.json repeats under
+    # eval.effective_length.<name>
+    effective_length: ClassVar[bool] = False
+
+    @classmethod
+    def config(cls, run_cfg):
+        return cls.typed(run_cfg.eval)
+
+    @classmethod
+    def typed(cls, eval_cfg):
+        """eval.<name> of an eval node as its dataclass (a DictConfig's `keys` would be its
+        method); a key that a run saved before it existed lacks takes its default."""
+        try:
+            typed = OmegaConf.merge(OmegaConf.structured(cls.Config),
+                                    eval_cfg.get(cls.name) or {})
+        except Exception as err:  # omegaconf's message names the key and the type
+            raise ConfigError(f"eval.{cls.name}: {str(err).splitlines()[0]}") from None
+        return OmegaConf.to_object(typed)
+
+    @classmethod
+    def selected(cls, run_cfg) -> bool:
+        return cls.config(run_cfg).enabled
+
+    @classmethod
+    def write(cls, result, train_len: int, run_dir, stem: str, title: str) -> None:
+        """Its files beside results.json, from its result (`stem`: "" for the run's own,
+        ".eval-<change>" for a re-score's)."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    cls: type
+    description: str
+
+
+_REGISTRY: Dict[str, Entry] = {}
+
+
+def register(name: str, description: str):
+    """Class decorator: make `cls` available as eval.protocol=<name> (a Protocol) or as
+    eval.<name> (a Section); `posbench list` shows the description."""
+
+    def wrap(cls):
+        assert issubclass(cls, Evaluation) and not cls.__dict__.get("name"), cls
+        cls.name, cls.description = name, description
+        if issubclass(cls, Section):
+            cls.key = name
+        _REGISTRY[name] = Entry(name, cls, description)
+        return cls
+
+    return wrap
+
+
+def registry() -> Dict[str, Entry]:
+    return dict(sorted(_REGISTRY.items()))
+
+
+def sections() -> List[type]:
+    return [e.cls for e in registry().values() if issubclass(e.cls, Section)]
+
+
+def eval_schema() -> type:
+    """EvalConfig with a node for every section: the `eval` of the whole schema
+    (posbench/config.py). One class per set of sections, so that configs typed by it merge."""
+    return _eval_schema(tuple(sections()))
+
+
+@functools.lru_cache(maxsize=None)
+def _eval_schema(with_sections: tuple) -> type:
+    return dataclasses.make_dataclass(
+        "EvalConfig", [(s.name, s.Config, field(default_factory=s.Config)) for s in with_sections],
+        bases=(EvalConfig,))
+
+
+def plan(run_cfg, data) -> List[Evaluation]:
+    """The evaluations the run's config asks for, planned on its data (protocol first)."""
+    chosen = sorted((e.cls for e in registry().values() if e.cls.selected(run_cfg)),
+                    key=lambda cls: issubclass(cls, Section))
+    return [cls(cls.config(run_cfg), run_cfg, data) for cls in chosen]
+
+
+def run(evaluations: List[Evaluation], model, device: torch.device) -> Dict[str, Any]:
+    """Each evaluation's result under its key (the protocol's: "curve")."""
+    return {e.key: e.run(model, device) for e in evaluations}
+
+
+def with_train_length(eval_cfg, train_len: int):
+    """eval_cfg with the training length among its lengths: every run records its perplexity
+    there, the reference of its extrapolation ratio and of the parity check (posbench/parity.py)."""
+    if train_len in eval_cfg.lengths:
+        return eval_cfg
+    cfg = OmegaConf.create(OmegaConf.to_container(eval_cfg, resolve=True))
+    cfg.lengths = sorted({*eval_cfg.lengths, train_len})
+    return cfg
+
+
+def set_eval_options(model, eval_cfg) -> None:
+    """The encoding's eval-time options from the eval node (defaults for the keys it lacks)."""
+    typed = eval_config(eval_cfg)
+    model.encoding.set_eval_options(*(typed[key] for key in EVAL_OPTIONS))
+
+
+def is_oom(err: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, or the CPU allocator's failure (a RuntimeError that says "can't
+    allocate memory")."""
+    if isinstance(err, (torch.cuda.OutOfMemoryError, MemoryError)):
+        return True
+    text = str(err).lower()
+    return isinstance(err, RuntimeError) and ("out of memory" in text
+                                              or "can't allocate memory" in text)
+
+
+def effective_length(points, threshold: float) -> Optional[int]:
+    """The largest length such that the score is >= threshold at it and at every shorter
+    evaluated length; None when the shortest already falls below (or was not scored)."""
+    best = None
+    for length, value in sorted(points):
+        if value is None or not value >= threshold:
+            break
+        best = length
+    return best
