@@ -7,6 +7,7 @@ import re
 
 import pytest
 import torch
+from omegaconf import OmegaConf, open_dict
 
 import posbench
 from posbench.encodings import registry
@@ -70,11 +71,25 @@ PER_LAYER = [name for name, entry in registry().items()
              if entry.cls.family != "hybrid" and entry.cls.positions is None]
 
 
+@pytest.fixture(scope="module")
+def composed():
+    return posbench.compose(SMALL)
+
+
+def with_encoding(cfg, node):
+    """cfg with its encoding replaced (one Hydra compose for the whole parametrized test)."""
+    cfg = copy.deepcopy(cfg)
+    with open_dict(cfg):
+        cfg.encoding = node
+    torch.manual_seed(0)
+    return posbench.build_model(cfg, vocab_size=64).eval()
+
+
 @pytest.mark.parametrize("name", PER_LAYER)
-def test_a_pattern_of_one_encoding_is_that_encoding(name):
+def test_a_pattern_of_one_encoding_is_that_encoding(name, composed):
     idx = torch.randint(0, 64, (2, 24), generator=torch.Generator().manual_seed(0))
-    plain = build(f"encoding={name}")
-    pattern = build("encoding=layers", f"encoding.pattern=[{name}]")
+    plain = with_encoding(composed, OmegaConf.structured(registry()[name].config))
+    pattern = with_encoding(composed, {"name": "layers", "pattern": [name]})
     with torch.no_grad():
         assert torch.equal(plain(idx), pattern(idx))
 

@@ -1,6 +1,7 @@
 """Attention spans (posbench/span.py, docs/design.md#attention-spans): sliding windows and chunked
 local attention, on every attention path, against a dense float64 reference that masks the keys
 by the definition: sliding i - w < j <= i, chunked j // w == i // w and j <= i."""
+import functools
 import math
 import re
 
@@ -13,10 +14,18 @@ from posbench.attention import attend, attention_probs, blockwise_attention
 from posbench.errors import ConfigError
 from posbench.span import GLOBAL, Span
 
-from test_attention_paths import LargestTensor, assert_same_with_grads, encoding
+from test_attention_paths import LargestTensor, assert_same_with_grads
+from test_attention_paths import encoding as build_encoding
 from test_enc_layers import reference_logits, sharpen
 
 B, H, T, D = 2, 3, 40, 8
+
+
+@functools.lru_cache(maxsize=None)
+def encoding(name):
+    """test_attention_paths' encoding, composed once per name (gradients are taken with
+    torch.autograd.grad, so sharing it leaves nothing behind)."""
+    return build_encoding(name)
 SPANS = [Span("sliding", 7), Span("chunked", 7), Span("sliding", 1)]
 
 
@@ -187,7 +196,7 @@ def test_a_distance_remap_keeps_the_span():
     span = Span("sliding", 4)
     q, k, v = qkv()
     pos = torch.arange(T).expand(B, T)
-    plain, remapped = encoding("rope"), encoding("rope")
+    plain, remapped = build_encoding("rope"), build_encoding("rope")  # remapped is changed
     remapped.set_eval_options("rerope", rope_window=4)
     assert remapped.remap is not None
     rq, rk = plain.rotate(q, k, pos, 0)
