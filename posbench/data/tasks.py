@@ -54,8 +54,6 @@ class Task(Dataset):
     @classmethod
     def check(cls, cfg, run_cfg) -> None:
         super().check(cfg, run_cfg)
-        require(run_cfg.eval.protocol == "nonoverlapping", "eval.protocol", run_cfg.eval.protocol,
-                f"nonoverlapping for dataset={cfg.name} (each window is one task instance)")
         require(not cfg.bos, "dataset.bos", cfg.bos,
                 f"false for dataset={cfg.name} (each instance starts with its own BOS token)")
 
