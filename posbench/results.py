@@ -51,7 +51,7 @@ def results_record(cfg, model, data, curve: List[dict], train: dict,
                  "effective_length": {
                      "ppl": ppl_effective_length(curve, cfg.train.seq_len, tolerance),
                      **{s.name: result["effective_length"] if result else None
-                        for s, result in ran.items() if s.effective_length}},
+                        for s, result in ran.items() if s.has_effective_length}},
                  "curve": curve,
                  **{s.name: result for s, result in ran.items()}},
         "notes": model.encoding.notes(),

@@ -118,7 +118,7 @@ class Section(Evaluation):
     Config: ClassVar[type] = SectionConfig
     # its result holds an `effective_length` (tokens), which results.json repeats under
     # eval.effective_length.<name>
-    effective_length: ClassVar[bool] = False
+    has_effective_length: ClassVar[bool] = False
 
     @classmethod
     def config(cls, run_cfg):

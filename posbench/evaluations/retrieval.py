@@ -296,7 +296,7 @@ def by_length(grid: List[dict]) -> List[dict]:
           "key token, and an effective context length")
 class Retrieval(Section):
     Config = RetrievalConfig
-    effective_length = True
+    has_effective_length = True
 
     @classmethod
     def check(cls, cfg: RetrievalConfig, run_cfg) -> None:
