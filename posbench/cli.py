@@ -39,6 +39,10 @@ USAGE = """usage: posbench <verb> [args]
   eval DIR [overrides]       re-score a run's checkpoint, or every finished run below DIR, without
                              retraining; -m sweeps eval keys, e.g.
                              posbench eval SWEEP_DIR -m eval.rope_scaling=none,pi,ntk,yarn
+  extend RUN_DIR [overrides]  continue a finished run at a longer length (train.seq_len, default 4x)
+                             with train.rope_scaling=none|pi|ntk|yarn or train.pose_span (PoSE),
+                             its metric against the step in eval_vs_step.csv; -m sweeps, e.g.
+                             posbench extend RUN_DIR -m train.rope_scaling=pi,yarn
   inspect RUN_DIR [--lengths L1,L2]
                              plots that explain a run (learned positions' PCA, attention mass by
                              lag per head) into RUN_DIR; lengths default to train length and 4x
@@ -123,14 +127,17 @@ def train_app(cfg: DictConfig) -> None:
     """One run: skipped when its run dir holds its results (or re-scored, for new eval settings),
     resumed from its checkpoint, else trained from step 0. Failures are reported, never raised,
     so that a sweep goes on."""
+    hc = HydraConfig.get()
+    run_job(cfg, Path(hc.runtime.output_dir), hc.mode == RunMode.MULTIRUN)
+
+
+def run_job(cfg: DictConfig, run_dir: Path, multirun: bool) -> None:
+    """train_app's job, and `posbench extend`'s with the extension's config."""
     from posbench.estimate import available_memory, describe, estimate, eval_warning, gib, refusal
     from posbench.loggers import wandb_group
     from posbench.device import resolve_device
     from posbench.run import RunDir, RunFailed, train
 
-    hc = HydraConfig.get()
-    run_dir = Path(hc.runtime.output_dir)
-    multirun = hc.mode == RunMode.MULTIRUN
     main_rank = distributed.is_main()
     try:
         check(cfg)
@@ -370,15 +377,16 @@ def eval_targets(rest: list) -> Tuple[List[Path], List[str]]:
     return runs, unfinished
 
 
-def eval_overrides(args: list) -> list:
-    """eval's arguments, refused unless they set eval.*, device or logger keys; `logger=NAME`
-    becomes the keys of its option (a run's saved config has no config groups to choose from)."""
+def eval_overrides(args: list, verb: str = "eval", keys: Tuple[str, ...] = ("eval.",)) -> list:
+    """eval's arguments (and extend's, with keys train. and eval.), refused unless they set
+    those keys, device or logger keys; `logger=NAME` becomes the keys of its option (a run's
+    saved config has no config groups to choose from)."""
     options = Path(posbench.__file__).parent / "conf" / "logger"
     out = []
     for arg in args:
         key, eq, value = arg.partition("=")
         key = key.lstrip("+~")
-        if (arg.startswith("-") or not eq or key.startswith(("eval.", "logger.", "hydra"))
+        if (arg.startswith("-") or not eq or key.startswith((*keys, "logger.", "hydra"))
                 or key == "device"):
             out.append(arg)
         elif key == "logger":
@@ -389,9 +397,9 @@ def eval_overrides(args: list) -> list:
             out += [f"logger.{k}={v}" for k, v in
                     yaml.safe_load((options / f"{value}.yaml").read_text()).items()]
         else:
-            raise ConfigError(f"{arg} is not accepted by posbench eval; expected eval.*, device= "
-                              "or logger keys (the model is the trained one: `posbench train` "
-                              "trains another)")
+            raise ConfigError(f"{arg} is not accepted by posbench {verb}; expected "
+                              + ", ".join(f"{k}*" for k in keys) + ", device= or logger keys "
+                              "(the model is the trained one: `posbench train` trains another)")
     return out
 
 
@@ -418,6 +426,64 @@ def evaluate_runs(rest: list) -> None:
         print(line)
     if folder:
         print(f"posbench: compare them with `posbench report {rest[0]}`")
+    if _job_errors:
+        sys.exit(max(_job_errors))
+
+
+# the key that `posbench extend` adds to Hydra's config: the run dir it extends
+EXTEND_PARENT = "posbench_extend_parent"
+
+
+@hydra.main(version_base=None, config_path=None, config_name=None)
+def extend_app(cfg: DictConfig) -> None:
+    """One extension of the run in Hydra's config (EXTEND_PARENT), a run of its own whose config
+    posbench/extend.py makes from the parent's and the overrides; refusals are reported, never
+    raised, so that a sweep goes on."""
+    from posbench.extend import extension_config
+    from posbench.run import finished_results
+
+    hc = HydraConfig.get()
+    run_dir, multirun = Path(hc.runtime.output_dir).resolve(), hc.mode == RunMode.MULTIRUN
+    parent = Path(hc[EXTEND_PARENT])
+    given = [override.partition("=")[0].lstrip("+~") for override in hc.overrides.task]
+    try:
+        if run_dir == parent:
+            raise ConfigError(f"hydra.run.dir={str(run_dir)!r} is not accepted: it is the run "
+                              "being extended; expected a run dir of the extension's own")
+        cfg = extension_config(cfg, parent, finished_results(parent)["config"], given)
+    except PosbenchError as err:
+        if multirun:
+            _record_refusal(run_dir, err)
+        else:
+            _remove_if_empty(run_dir)
+        return _job_error(err, 2)
+    run_job(cfg, run_dir, multirun)
+
+
+def extend_runs(rest: list) -> None:
+    """`posbench extend RUN_DIR [overrides]`: extend_app over the run's saved config, so that -m
+    sweeps methods, lengths and factors; each extension lands in a run dir of its own
+    (outputs/<date>/<time>_<encoding>_extend, or a sweep's job dir), never the parent's."""
+    from posbench.run import finished_results
+
+    parent = run_dir_arg("extend", rest, "posbench extend RUN_DIR [overrides]")
+    encoding = finished_results(parent)["encoding"]
+    overrides = eval_overrides(rest[1:], "extend", ("train.", "eval."))
+    swept = precheck(overrides, compose_run(parent))
+    given = {arg.partition("=")[0].lstrip("+~") for arg in overrides}
+    defaults = {"hydra.run.dir": f"outputs/${{now:%Y-%m-%d}}/${{now:%H-%M-%S}}_{encoding}_extend",
+                "hydra.sweep.dir": "outputs/multirun/${now:%Y-%m-%d}/${now:%H-%M-%S}",
+                "hydra.sweep.subdir": "${posbench.job_dir:}"}
+    added = [f"{key}={value}" for key, value in defaults.items() if key not in given]
+    added += ["hydra.output_subdir=null", "hydra/job_logging=stdout", "hydra.job.name=extend",
+              "+hydra.callbacks.sweep_report._target_=posbench.report.SweepReport",
+              f"+hydra.{EXTEND_PARENT}={hydra_quoted(str(parent))}"]
+    if swept:  # the keys it sweeps, which name the job dirs (posbench/resolvers.py)
+        added.append(f"+hydra.{SWEPT}=[{','.join(map(hydra_quoted, swept))}]")
+    _job_errors.clear()
+    sys.argv = ["posbench extend", f"--config-path={parent / '.hydra'}", "--config-name=config",
+                *hydra_argv(overrides, added)]
+    extend_app()
     if _job_errors:
         sys.exit(max(_job_errors))
 
@@ -550,6 +616,8 @@ def run_verb(verb: str, rest: list) -> None:
             eval_app()
             return
         evaluate_runs(rest)
+    elif verb == "extend":
+        extend_runs(rest)
     elif verb == "inspect":
         run_dir = run_dir_arg(verb, rest, "posbench inspect RUN_DIR [--lengths L1,L2]")
         from posbench.inspect import inspect_run
@@ -565,4 +633,4 @@ def run_verb(verb: str, rest: list) -> None:
         list_components()
     else:
         raise ConfigError(f"verb {verb!r} is not accepted; expected one of train, eval, "
-                          "inspect, report, list")
+                          "extend, inspect, report, list")

@@ -73,6 +73,23 @@ class TrainConfig:
     # (null: never): DroPE drops RoPE for nope for the last 1/8 (0.875); posbench/schedule.py
     switch_encoding_at: Optional[float] = None
     switch_encoding_to: str = "nope"
+    # continue from another run's weights: the finished run dir whose checkpoint starts this one
+    # (an extension: posbench extend, posbench/extend.py); optimizer, schedule and step start
+    # afresh
+    init_from: Optional[str] = None
+    # the length the rotary scalings count from (YaRN's original length, the dynamic scale n/L):
+    # an extension keeps the first run of its lineage's; null: train.seq_len
+    original_len: Optional[int] = None
+    # a rotary scaling to train with, as eval.rope_scaling evaluates: none, pi, ntk or yarn, with
+    # a static factor, or null (dynamic)
+    rope_scaling: str = "none"
+    rope_scaling_factor: Optional[float] = None
+    # PoSE (Zhu et al. 2024): each training window's positions skip so that they span this many,
+    # a longer context simulated in train.seq_len tokens; null: 0 .. seq_len-1
+    pose_span: Optional[int] = None
+    # perplexity at eval.lengths (and retrieval when enabled) before the first step and every
+    # this many steps, into eval_vs_step.csv and .png (0: only at the end, into results.json)
+    eval_every: int = 0
 
 
 @dataclass
@@ -100,6 +117,7 @@ class Config:
 ROPE_SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn", "rerope", "self_extend",
                  "shifted_rope")
 ROPE_REMAPS = ROPE_SCALINGS[5:]  # of relative distances, not of frequencies
+TRAIN_ROPE_SCALINGS = ("none", "pi", "ntk", "yarn")  # train.rope_scaling, static or dynamic
 RANDOMIZED_POSITIONS = ("random", "plain")
 DEVICES = ("auto", "cpu", "cuda")
 LOGGERS = ("none", "wandb")
@@ -147,14 +165,36 @@ def _no_extra_keys(node: DictConfig, schema: type, prefix: str = "") -> None:
             _no_extra_keys(node[key], sub, f"{prefix}{key}.")
 
 
-def _check_rope_scaling_factor(eval_cfg) -> None:
-    factor = eval_cfg.get("rope_scaling_factor")  # absent from runs saved before it existed
+def _check_rope_scaling_factor(node, prefix: str = "eval") -> None:
+    factor = node.get("rope_scaling_factor")  # absent from runs saved before it existed
     if factor is None:
         return
-    require(eval_cfg.rope_scaling != "none", "eval.rope_scaling_factor", factor,
-             "null with eval.rope_scaling=none (nothing is scaled)")
-    require(math.isfinite(factor) and factor > 1, "eval.rope_scaling_factor", factor,
-             "a finite number > 1 (the static scale s; dynamic_ntk's alpha), or null (dynamic)")
+    require(node.get("rope_scaling", "none") != "none", f"{prefix}.rope_scaling_factor", factor,
+            f"null with {prefix}.rope_scaling=none (nothing is scaled)")
+    require(math.isfinite(factor) and factor > 1, f"{prefix}.rope_scaling_factor", factor,
+            "a finite number > 1 (the static scale s; dynamic_ntk's alpha), or null (dynamic)")
+
+
+def _check_training_extension(cfg) -> None:
+    """The train.* keys of continued training at a longer length (posbench/extend.py); whether
+    train.init_from holds a finished run is checked when the run starts (posbench/run.py)."""
+    from posbench.encodings.base import encoding_class
+
+    t = cfg.train
+    scaling = t.get("rope_scaling", "none")  # absent from runs saved before they existed
+    require(scaling in TRAIN_ROPE_SCALINGS, "train.rope_scaling", scaling,
+            f"one of {TRAIN_ROPE_SCALINGS}")
+    require(scaling == "none" or encoding_class(cfg.encoding).rotary, "train.rope_scaling",
+            scaling, f"'none' for encoding={cfg.encoding.get('name')}, which does not rotate q "
+            "and k")
+    _check_rope_scaling_factor(t, "train")
+    for key in ("original_len", "pose_span"):
+        if t.get(key) is not None:
+            require_positive(f"train.{key}", t[key])
+    require(t.get("pose_span") is None or t.pose_span > t.seq_len, "train.pose_span",
+            t.get("pose_span"), f"a span above train.seq_len={t.seq_len}, or null")
+    require(t.get("eval_every", 0) >= 0, "train.eval_every", t.get("eval_every"),
+            "an integer >= 0 (0: no evaluation during training)")
 
 
 def _check_rope_remap(cfg) -> None:
@@ -276,6 +316,7 @@ def check(cfg: DictConfig) -> None:
              f"'none' for encoding={cfg.encoding.get('name')}, which does not rotate q and k")
     _check_rope_scaling_factor(cfg.eval)
     _check_rope_remap(cfg)
+    _check_training_extension(cfg)
     positions = cfg.eval.get("randomized_positions", EvalConfig.randomized_positions)
     require(positions in RANDOMIZED_POSITIONS, "eval.randomized_positions", positions,
              f"one of {RANDOMIZED_POSITIONS}")

@@ -104,8 +104,10 @@ def build_model(cfg: DictConfig, vocab_size: Optional[int] = None):
     from posbench.data import vocab_size as dataset_vocab
 
     m = cfg.model
-    dims = Dims(n_layer=m.n_layer, n_head=m.n_head, d_model=m.d_model,
-                train_len=cfg.train.seq_len, max_len=max([cfg.train.seq_len, *cfg.eval.lengths]))
+    t = cfg.train
+    dims = Dims(n_layer=m.n_layer, n_head=m.n_head, d_model=m.d_model, train_len=t.seq_len,
+                max_len=max([t.seq_len, t.get("pose_span") or 0, *cfg.eval.lengths]),
+                original_len=t.get("original_len"))
     encoding = switched_encoding(build_encoding(cfg, dims), cfg.train, dims)
     return GPT(vocab_size or dataset_vocab(cfg.dataset), m.n_layer, m.n_head, m.d_model,
                m.mlp_ratio, encoding, layer_attention(cfg, encoding))

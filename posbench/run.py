@@ -201,11 +201,29 @@ class RunDir:
             if (run_dir / CHECKPOINT).exists():
                 checkpoint = Checkpoint.load(run_dir / CHECKPOINT)
                 check_resumable(cfg, checkpoint, run_dir / CHECKPOINT, data, model)
+            elif cfg.train.get("init_from"):
+                initial_weights(Path(cfg.train.init_from), data, model)
             return Start(device, data, model.to(device), checkpoint, lock, planned, plant)
         except BaseException:
             if lock:
                 lock.release()
             raise
+
+
+def initial_weights(parent: Path, data: Data, model) -> None:
+    """train.init_from: loads the weights of a finished run (an extension's parent,
+    posbench/extend.py), refused in one line when it did not finish, was trained on other data
+    or holds another model."""
+    finished_results(parent)
+    path = parent / CHECKPOINT
+    checkpoint = Checkpoint.load(path)
+    require_same_corpus(checkpoint.dataset, path, data, "the corpus it was trained on")
+    try:
+        model.load_state_dict(checkpoint.model)
+    except RuntimeError as err:  # e.g. a learned table sized by other lengths
+        raise ConfigError(f"train.init_from={str(parent)!r} is not accepted: its weights do not "
+                          f"fit this model ({' '.join(str(err).split())[:200]}); expected a run "
+                          "of the same model and encoding") from None
 
 
 def check_resumable(cfg: DictConfig, checkpoint: Checkpoint, path: Path, data: Data,

@@ -20,6 +20,8 @@ from posbench.checkpoint import CHECKPOINT, Checkpoint
 from posbench.config import to_container
 from posbench.data.windows import IGNORE
 from posbench.device import allow_tf32, autocast, rng_state, set_rng_state
+from posbench.evaluations.base import set_eval_options
+from posbench.extend import curve_for, pose_positions
 from posbench.progress import Bar
 from posbench.trainlog import LOSS_PLOT, METRICS, MetricsLog, Validation, plot_losses
 from posbench.version import __version__
@@ -99,18 +101,33 @@ class LossWindow:
         self.final_loss = checkpoint.final_loss
 
 
-def train_step(model, step_fn, optimizer, x, y, lr: float, grad_clip: float) -> torch.Tensor:
-    """One optimizer step at learning rate lr; the loss of the global batch, on the device."""
+def train_step(model, step_fn, optimizer, x, y, lr: float, grad_clip: float,
+               pos: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """One optimizer step at learning rate lr (positions `pos`, default 0..T-1); the loss of
+    the global batch, on the device."""
     for group in optimizer.param_groups:
         group["lr"] = lr * group.get("lr_mult", 1.0)
     with autocast(x.device):
         # mean over trained targets (tasks mark the others IGNORE; text trains on all)
-        loss = step_fn(x, targets=y).sum() / (y != IGNORE).sum()
+        loss = step_fn(x, pos=pos, targets=y).sum() / (y != IGNORE).sum()
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()
     return distributed.mean(loss.detach())  # the global batch's loss on every rank
+
+
+def training_options(t) -> dict:
+    """The encoding options the model trains with: train.rope_scaling and its factor (an
+    extension's, posbench/extend.py), the eval-time defaults otherwise."""
+    return {"rope_scaling": t.get("rope_scaling", "none"),
+            "rope_scaling_factor": t.get("rope_scaling_factor")}
+
+
+def prepare_training(model, t) -> None:
+    """Training mode, with the encoding options the model trains with (after evaluation too)."""
+    set_eval_options(model, training_options(t))
+    model.train()
 
 
 def fit(cfg: DictConfig, start, run_dir: Path, logger, progress: Progress) -> dict:
@@ -129,14 +146,22 @@ def fit(cfg: DictConfig, start, run_dir: Path, logger, progress: Progress) -> di
         window.restore(start.checkpoint)
         seconds, progress.last_loss = start.checkpoint.seconds, start.checkpoint.last_loss
     log = TrainingLog(cfg, start, run_dir, logger, progress.first)
+    # train.eval_every: the metric against the step, scored before the first step and at every
+    # eval_every steps before that step's checkpoint, so that a resume keeps what it scored
+    curve = curve_for(cfg, start, run_dir, progress.first) if main else None
+    if curve is not None and progress.first == 0:
+        curve.score(0, model)
     session = time.perf_counter()
-    model.train()
+    prepare_training(model, t)
     for step in range(progress.first, t.steps):
         x, y = (distributed.shard(z).to(device, non_blocking=True) for z in
                 data.train_batch(t.seq_len, t.batch_size, cfg.seed, step, start.plant))
+        pos = (distributed.shard(pose_positions(cfg.seed, step, t.batch_size, t.seq_len,
+                                                t.pose_span)).to(device)
+               if t.get("pose_span") else None)
         lr = lr_at(step, t)
         model.encoding.at_step(step)  # a schedule's encoding for this step (train.switch_*)
-        window.add(train_step(model, step_fn, optimizer, x, y, lr, t.grad_clip))
+        window.add(train_step(model, step_fn, optimizer, x, y, lr, t.grad_clip, pos))
         done = step + 1
         log.step()
         closes = window.n == t.log_every or done == t.steps
@@ -145,12 +170,17 @@ def fit(cfg: DictConfig, start, run_dir: Path, logger, progress: Progress) -> di
             window.check(done, progress)
         loss = window.close() if closes else None
         log.row(done, model, loss, lr)
+        if curve is not None and done % t.eval_every == 0:
+            curve.score(done, model)
+            prepare_training(model, t)
         if saves and main:
             save(run_dir / CHECKPOINT, cfg, start, optimizer, window, progress,
                  seconds + time.perf_counter() - session, done)
             progress.saved_step = done
         progress.step = done
     log.close()
+    if curve is not None:
+        curve.close()
     wall = seconds + time.perf_counter() - session
     tokens = t.batch_size * t.seq_len * t.steps
     return {"seq_len": t.seq_len, "steps": t.steps, "tokens": tokens,
@@ -175,7 +205,8 @@ class TrainingLog:
         t, main = cfg.train, distributed.is_main()
         self.cfg, self.run_dir, self.logger, self.first = cfg, run_dir, logger, first
         self.metrics = MetricsLog(run_dir / METRICS, first) if main else None
-        self.validation = (Validation(start.data, t.seq_len, t.batch_size, start.device)
+        self.validation = (Validation(start.data, t.seq_len, t.batch_size, start.device,
+                                      training_options(t))
                            if main and t.val_every else None)
         self.bar = Bar(f"train {cfg.encoding.name}", t.steps, "step", initial=first, enabled=main)
         self.session = time.perf_counter()

@@ -62,18 +62,20 @@ def read_metrics(path: Path) -> List[dict]:
 class Validation:
     """Mean loss at the training length on the first `windows` nonoverlapping validation windows
     (for a task, its first instances), the same at every call. The model is scored as
-    evaluation scores it with the default eval options, then put back in training mode."""
+    evaluation scores it, with the encoding options it trains with (`options`, the eval-time
+    defaults for the keys it lacks), then put back in training mode."""
 
-    def __init__(self, data, seq_len: int, windows: int, device: torch.device):
+    def __init__(self, data, seq_len: int, windows: int, device: torch.device,
+                 options: Optional[dict] = None):
         self.plan = eval_plan(data, seq_len, OmegaConf.create(
             {"protocol": "nonoverlapping", "tokens": windows * seq_len, "stride": None,
              "lengths": [seq_len]}))
-        self.windows, self.device = windows, device
+        self.windows, self.device, self.options = windows, device, options or {}
 
     @torch.no_grad()
     def __call__(self, model) -> float:
         model.eval()
-        set_eval_options(model, {})  # the defaults
+        set_eval_options(model, self.options)
         rows, answers = self.plan.rows(0, self.windows)
         rows = torch.from_numpy(rows.astype(np.int64)).to(self.device)
         with autocast(self.device):

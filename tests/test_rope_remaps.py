@@ -77,8 +77,8 @@ def test_remapped_attention_matches_the_oracle_across_blocks(name, params, offse
     enc = encoding(name, **params)
     want_probs, want = oracle(name, q, k, v, pos, **params)
     torch.testing.assert_close(attend(q, k, v, pos, enc, 0), want, rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(attention_probs(q, k, pos, enc, 0, 8, 30), want_probs[:, :, 8:30, :30],
-                               rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(attention_probs(q, k, pos, enc, 0, 8, 30),
+                               want_probs[:, :, 8:30, :30], rtol=1e-10, atol=1e-12)
 
 
 def test_each_sequence_of_the_batch_reads_its_own_positions():

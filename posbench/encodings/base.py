@@ -59,10 +59,18 @@ class Dims:
     d_model: int
     train_len: int
     max_len: int
+    # train.original_len: the length the rotary scalings count from, when not train_len (an
+    # extension's: the first run of its lineage's)
+    original_len: Optional[int] = None
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_head
+
+    @property
+    def scaling_len(self) -> int:
+        """L of the rotary scalings: YaRN's original length and the dynamic scale n/L."""
+        return self.original_len or self.train_len
 
 
 class PositionalEncoding(nn.Module):

@@ -212,7 +212,8 @@ class RoPE(PositionalEncoding):
         if head_dim % 2:
             raise ConfigError(f"model.d_model/model.n_head={head_dim} is not accepted; rotary "
                               "encodings need an even head dimension")
-        if run_cfg.eval.rope_scaling in ("ntk", "dynamic_ntk") and head_dim < 4:
+        scalings = (run_cfg.eval.rope_scaling, run_cfg.train.get("rope_scaling", "none"))
+        if any(s in ("ntk", "dynamic_ntk") for s in scalings) and head_dim < 4:
             raise ConfigError(f"model.d_model/model.n_head={head_dim} is not accepted with "
                               "NTK scaling; expected a head dimension >= 4 (b' uses d/(d-2))")
         if run_cfg.eval.rope_scaling in REMAPS:
@@ -230,7 +231,7 @@ class RoPE(PositionalEncoding):
         """The scale s for a sequence of n tokens: eval.rope_scaling_factor when set (static),
         else max(1, n/L); dynamic_ntk reads the factor as HF's alpha (1 when null),
         s = max(1, alpha*n/L - (alpha-1)), which is n/L at alpha = 1."""
-        ratio, factor = n / self.dims.train_len, self.rope_scaling_factor
+        ratio, factor = n / self.dims.scaling_len, self.rope_scaling_factor
         if self.rope_scaling == "dynamic_ntk":
             alpha = 1.0 if factor is None else factor
             return max(1.0, alpha * ratio - (alpha - 1))
@@ -249,7 +250,7 @@ class RoPE(PositionalEncoding):
             return self.inv_freq_for(base).to(self.inv_freq.device), 1.0
         if self.rope_scaling == "yarn":
             return (yarn_inv_freq(self.inv_freq, s, self.dims.head_dim, self.cfg.base,
-                                  self.dims.train_len), yarn_attention_factor(s))
+                                  self.dims.scaling_len), yarn_attention_factor(s))
         raise ValueError(f"rope_scaling={self.rope_scaling!r} is not implemented")
 
     def rotate(self, q, k, pos, layer):
