@@ -100,9 +100,10 @@ HELD_OFF = """
 import sys, torch
 from posbench.cli import honour_ctrl_c
 torch.set_num_threads(1)
-with honour_ctrl_c(grace=2):
+matrix = torch.randn(5000, 5000, dtype=torch.float64)  # before "started": on a loaded machine
+with honour_ctrl_c(grace=2):                          # the draw alone can outlast the sleep
     print("started", flush=True)
-    torch.linalg.eigvals(torch.randn(5000, 5000, dtype=torch.float64))  # ~30 s in one call
+    torch.linalg.eigvals(matrix)  # ~30 s in one call
 """
 
 
