@@ -8,6 +8,9 @@
                                    An additive score_mod (encoding.additive_score_mod) becomes a
                                    float mask for fused SDPA in each block instead of dense
                                    scores.
+- a bias of the lag alone, CPU  -> fused SDPA per block of queries, the mask a strided view of
+  (encoding.lag_only_bias)         one table of lags (posbench/lag_bias.py), unless the bias is
+                                   learned and in training
 - a remap (eval-time distance    -> blockwise, each block's logits picked per (query, key) from
   remaps of RoPE)                  two products, near and far (remapped_attention)
 Each layer's span (posbench/span.py) masks the keys outside it with the causal mask: FlexAttention's
@@ -25,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from posbench.lag_bias import lag_bias_attention, lag_table
 from posbench.span import GLOBAL, Span
 from posbench.temperature import Temperature
 
@@ -117,6 +121,10 @@ def attend(q, k, v, pos, encoding, layer, x=None, span: Span = GLOBAL):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         if q.is_cuda:  # the span's block mask skips the blocks it hides
             return flex_attention(q, k, v, score_mod, span)
+        if score_mod is not None and encoding.lag_only_bias and span.is_global:
+            table = lag_table(score_mod, pos, q.shape[1], q.dtype)
+            if table is not None and not table.requires_grad:  # learned, in training: below
+                return lag_bias_attention(q, k, v, table)
     # no score hook is a zero bias: a local span's blocks run as fused SDPA with its mask
     additive = ((score_mod is None or encoding.additive_score_mod) and row_mod is None
                 and value_mod is None)
@@ -170,7 +178,8 @@ def _bias_block(q, k, v, start, b, h, score_mod, key_start=0, span: Span = GLOBA
         bias = torch.zeros(1, 1, Tq, Tk, dtype=q.dtype, device=q.device)
     else:
         bias = score_mod(torch.zeros((), dtype=q.dtype, device=q.device), b, h, q_idx, kv_idx)
-    mask = bias.to(q.dtype).masked_fill(span.hidden(q_idx, kv_idx), float("-inf"))
+    # one pass over the block where masked_fill would copy, then fill
+    mask = torch.where(span.hidden(q_idx, kv_idx), float("-inf"), bias.to(q.dtype))
     if mask.requires_grad:
         return BiasedAttention.apply(q, k, v, mask, start - key_start)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.expand(*q.shape[:2], Tq, Tk))

@@ -85,13 +85,43 @@ def test_blockwise_path_matches_dense_float64_reference(shared, monkeypatch):
         pos = pos[:1].expand(B, T)
     monkeypatch.setattr(attention, "BLOCK_ELEMENTS", B * H * T * 16)  # three blocks, checkpointed
     out = attend(q, k, v, pos, enc, 1)
-
-    i, j = torch.arange(T).view(T, 1).double(), torch.arange(T).view(1, T).double()
-    step = stride.view(B, 1, 1).double()
-    bias = reference_bias(enc.mlps[1], step * (i - j), step * i, 20.0).permute(0, 3, 1, 2)
-    s = q @ k.transpose(-1, -2) / math.sqrt(d) + bias
-    ref = torch.softmax(s.masked_fill(j > i, float("-inf")), -1) @ v
+    ref = reference_attention(q, k, v, enc.mlps[1], stride, 20.0)
     assert_matches_reference(out, ref, (q, k, v, *enc.mlps[1].parameters()))
+
+
+def reference_attention(q, k, v, mlp, stride, init_L):
+    """Causal attention under reference_bias, positions stride * i + 7 per sequence."""
+    T = q.shape[2]
+    i, j = torch.arange(T).view(T, 1).double(), torch.arange(T).view(1, T).double()
+    step = stride.view(-1, 1, 1).double()
+    bias = reference_bias(mlp, step * (i - j), step * i, init_L).permute(0, 3, 1, 2)
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + bias
+    return torch.softmax(s.masked_fill(j > i, float("-inf")), -1) @ v
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_evaluation_reads_f_from_its_lines(shared, monkeypatch):
+    """Without a gradient, the CPU path evaluates f as the line it is between its breakpoints
+    (FireMLP.lines), never unit by unit: the same attention as the float64 reference, with a
+    unit that never bends (w1 = 0) and breakpoints inside and outside the range of x."""
+    enc = build("model.n_head=3", "model.d_model=48", "encoding.init_L=20").encoding.double()
+    mlp = enc.mlps[1]
+    with torch.no_grad():
+        mlp.w1[:3, 0] = torch.tensor([0.0, 1.0, 1.0])
+        mlp.b1[1:3] = torch.tensor([-0.5, 3.0])  # bends at x = 0.5, and at -3 (always on)
+    monkeypatch.setattr(type(mlp), "forward", lambda *args: pytest.fail("f unit by unit"))
+    B, H, T, d = 2, 3, 40, 16
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, T, d, generator=g, dtype=torch.float64) for _ in range(3))
+    stride = torch.tensor([2, 2]) if shared else torch.tensor([2, 3])
+    pos = torch.arange(T) * stride.view(B, 1) + 7
+    if shared:
+        pos = pos[:1].expand(B, T)
+    monkeypatch.setattr(attention, "BLOCK_ELEMENTS", B * H * T * 16)  # three blocks
+    with torch.no_grad():
+        out = attend(q, k, v, pos, enc, 1)
+    torch.testing.assert_close(out, reference_attention(q, k, v, mlp, stride, 20.0),
+                               rtol=1e-10, atol=1e-10)
 
 
 def test_compiled_flex_attention_matches_blockwise():

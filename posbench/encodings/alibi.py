@@ -26,6 +26,7 @@ class ALiBi(PositionalEncoding):
     family = "bias"
     relative = True
     additive_score_mod = True
+    lag_only_bias = True
     past_train_len = "defined at every distance; the linear penalty acts as a window, ppl stays flat"
     reference = "Train Short, Test Long (Press et al. 2022)"
 

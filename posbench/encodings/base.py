@@ -90,6 +90,10 @@ class PositionalEncoding(nn.Module):
     # score_mod(score, ...) is score + a bias that does not read `score`: the CPU path then
     # evaluates the bias on zeros and runs fused SDPA with it as a float mask
     additive_score_mod: ClassVar[bool] = False
+    # ...and that bias is a function of the head and the lag pos_i - pos_j alone (ALiBi, T5,
+    # KERPLE, Sandwich): the CPU path then reads every block's mask from one table of lags
+    # (posbench/lag_bias.py) instead of building it
+    lag_only_bias: ClassVar[bool] = False
     # score_mod(q, k, pos, layer, x=x) and row_mod(..., x=x) also receive the attention's input
     # x (B, T, D), after the block's LayerNorm: for terms computed from the tokens themselves
     # (FoX's forget gate)

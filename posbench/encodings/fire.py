@@ -57,6 +57,37 @@ class FireMLP(nn.Module):
             out = out + self.w2[h, unit] * torch.relu(self.w1[unit, 0] * x + self.b1[unit])
         return out
 
+    @torch.no_grad()
+    def lines(self, low: float, high: float):
+        """f on [low, high] as the line it is between consecutive breakpoints: a ReLU unit bends
+        only where w1 x + b1 = 0. (breakpoints (K,) sorted, slopes (K+1, H), intercepts
+        (K+1, H)) in float64; segment s lies between breakpoints s-1 and s. Breakpoints outside
+        [low, high] are left out: x never crosses them."""
+        w1, b1 = self.w1[:, 0].double(), self.b1.double()
+        w2, b2 = self.w2.double(), self.b2.double()
+        cuts = (-b1[w1 != 0] / w1[w1 != 0]).sort().values
+        cuts = cuts[(cuts > low) & (cuts < high)]
+        # one point inside each segment, within [low, high], tells which units are on there
+        ends = torch.cat((cuts.new_tensor([low]), cuts, cuts.new_tensor([high])))
+        inside = (ends[1:] + ends[:-1]) / 2
+        active = (inside.unsqueeze(1) * w1 + b1 > 0).double()  # (K+1, width)
+        return cuts, (active * w1) @ w2.T, b2 + (active * b1) @ w2.T
+
+    @staticmethod
+    def piecewise(x: torch.Tensor, lines) -> torch.Tensor:
+        """f(x) for every head, (..., H, R, T) from x (..., 1, R, T), read from lines(): a
+        segment look-up and one multiply-add per score where forward takes 3 x width
+        operations. The look-ups are whole rows of the (H, segments) tables, which copy fast."""
+        cuts, slopes, intercepts = (t.to(x.dtype) for t in lines)
+        # at a breakpoint both lines agree (f is continuous): either segment will do
+        segment = torch.bucketize(x, cuts).flatten()
+        shape = (slopes.shape[1], *x.shape[:-3], *x.shape[-2:])  # heads first, then moved
+
+        def look_up(table):
+            return table.T.index_select(1, segment).view(shape).movedim(0, -3)
+
+        return look_up(intercepts).addcmul_(look_up(slopes), x)
+
 
 @register("fire", "learned MLP of log-lag over log of the query's span (progressive interpolation)")
 class FIRE(PositionalEncoding):
@@ -107,10 +138,17 @@ class FIRE(PositionalEncoding):
         span = (rows - rows[..., :1]).to(threshold.dtype)
         normalizer = psi(torch.maximum(span, threshold), mlp.c) + EPS
         lag_of = relative_lag(pos)
+        # on CPU without a gradient (evaluation), f is read from its lines over the range of
+        # x = psi(lag) / normalizer; FlexAttention (CUDA) and training keep the unit sum
+        lines = (None if pos.is_cuda or (torch.is_grad_enabled() and mlp.w1.requires_grad) else
+                 mlp.lines(0.0, float(psi_lag.max() / normalizer.min())))
 
         def fire(score, b, h, q_idx, kv_idx):
             # future keys (negative lag) are masked afterwards; clamp keeps the index valid
             lag = lag_of(b, q_idx, kv_idx).clamp(min=0)
+            # the CPU path's blocks: x (B or 1, 1, rows, keys) and h every head in order
+            if lines is not None and lag.dim():
+                return score + mlp.piecewise(psi_lag.take(lag) / at(normalizer, b, q_idx), lines)
             return score + mlp(psi_lag[lag] / at(normalizer, b, q_idx), h)
 
         return fire

@@ -46,6 +46,7 @@ def _clamp_after_step(module_ref):
 class Kerple(PositionalEncoding):
     family = "bias"
     additive_score_mod = True
+    lag_only_bias = True
     relative = True
     past_train_len = "a learned decay defined at every lag (log: slow, power: polynomial)"
     reference = ("KERPLE: Kernelized Relative Positional Embedding for Length Extrapolation "

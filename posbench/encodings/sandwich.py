@@ -26,6 +26,7 @@ def head_scales(n_head: int) -> torch.Tensor:
 class Sandwich(PositionalEncoding):
     family = "bias"
     additive_score_mod = True
+    lag_only_bias = True
     relative = True
     past_train_len = "defined at every lag, bounded below by -d'H/(8h): log-like decay, slow drift"
     reference = ("Dissecting Transformer Length Extrapolation via the Lens of Receptive Field "

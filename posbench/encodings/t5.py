@@ -24,6 +24,7 @@ class T5Bias(PositionalEncoding):
     family = "bias"
     relative = True
     additive_score_mod = True
+    lag_only_bias = True
     past_train_len = "every lag >= max_distance shares the last bucket: flat bias, no new parameters"
     reference = "Exploring the Limits of Transfer Learning (Raffel et al. 2020)"
 

@@ -1,0 +1,136 @@
+"""posbench/lag_bias.py: attention under a bias of the head and the lag alone, read from one table
+of lags, against a dense float64 reference (forward and backward), and the flag
+(lag_only_bias) that sends an encoding there."""
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import posbench
+import posbench.lag_bias as lag_bias
+from posbench.attention import attend
+from posbench.encodings import registry
+
+B, H, T, D = 3, 4, 50, 8
+
+
+def encoding(name):
+    cfg = posbench.compose([f"encoding={name}", "model.n_layer=2", "model.d_model=32",
+                            f"model.n_head={H}", "train.seq_len=32", "eval.lengths=[64]"])
+    torch.manual_seed(0)
+    enc = posbench.build_model(cfg, 256).encoding.double()
+    with torch.no_grad():  # learned biases start small or at zero: make them matter, in range
+        for p in enc.parameters():
+            p.uniform_(0.1, 1.5)
+    return enc
+
+
+LAG_ONLY = [name for name in sorted(registry()) if encoding(name).lag_only_bias]
+
+
+def grid(n):
+    return torch.arange(n).view(1, 1, n, 1), torch.arange(n).view(1, 1, 1, n)
+
+
+def bias_on(enc, pos):
+    """The score_mod's bias at every (b, h, i, j) of positions pos (B', n)."""
+    fn = enc.score_mod(None, None, pos, 0)
+    b, h = torch.arange(pos.shape[0]).view(-1, 1, 1, 1), torch.arange(H).view(1, H, 1, 1)
+    return fn(torch.zeros((), dtype=torch.float64), b, h, *grid(pos.shape[1]))
+
+
+def dense_reference(q, k, v, enc, pos):
+    """softmax(causal(q k^T / sqrt(d) + bias)) v over the full (B, H, T, T) scores."""
+    q_idx, kv_idx = grid(q.shape[2])
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + bias_on(enc, pos)
+    return torch.softmax(scores.masked_fill(kv_idx > q_idx, float("-inf")), -1) @ v
+
+
+def test_the_lag_only_encodings():
+    assert {"alibi", "t5", "kerple_log", "kerple_power", "sandwich"} <= set(LAG_ONLY)
+    assert not {"fire", "transformer_xl", "fox"} & set(LAG_ONLY)  # the query's span, content
+    assert all(encoding(name).additive_score_mod for name in LAG_ONLY)
+
+
+@pytest.mark.parametrize("name", LAG_ONLY)
+def test_the_bias_is_a_function_of_the_head_and_the_lag(name):
+    """The flag's promise: the same bias wherever pos_i - pos_j is the same, in any sequence, at
+    any offset and at any spacing of the positions."""
+    n = 3 * T
+    unit = bias_on(encoding(name), torch.arange(n).unsqueeze(0))[0]  # (H, n, n) at offset 0
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    for offset in (5, 1000):  # lag i - j: the same bias on every diagonal
+        shifted = bias_on(encoding(name), torch.arange(offset, offset + T).unsqueeze(0))[0]
+        torch.testing.assert_close(shifted[:, causal], unit[:, :T, :T][:, causal])
+    spread = bias_on(encoding(name), (3 * torch.arange(T) + 7).unsqueeze(0))[0]  # lags 3(i - j)
+    torch.testing.assert_close(spread[:, causal], unit[:, ::3, ::3][:, causal])
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("name", LAG_ONLY)
+def test_attend_through_the_lag_table_matches_the_dense_reference(name, train, monkeypatch):
+    """Blocks of 16 queries (the last one of 2); taken at evaluation and in training unless the
+    bias is learned (then the blockwise path computes its gradient)."""
+    monkeypatch.setattr(lag_bias, "ROWS", 16)
+    calls = []
+    monkeypatch.setattr(lag_bias, "lag_bias_attention",
+                        lambda *a, f=lag_bias.lag_bias_attention: calls.append(1) or f(*a))
+    monkeypatch.setattr(posbench.attention, "lag_bias_attention", lag_bias.lag_bias_attention)
+    enc = encoding(name)
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(B, H, T, D, generator=g, dtype=torch.float64, requires_grad=train)
+               for _ in range(3))
+    pos = torch.arange(5, 5 + T).expand(B, T)
+    with torch.set_grad_enabled(train):
+        out = attend(q, k, v, pos, enc, 0)
+        ref = dense_reference(q, k, v, enc, pos)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    learned = any(p.requires_grad for p in enc.parameters())
+    assert bool(calls) == (not train or not learned)
+    if train:
+        wrt = (q, k, v, *enc.parameters())
+        probe = torch.randn(ref.shape, generator=g, dtype=torch.float64)
+        grads = torch.autograd.grad((out * probe).sum(), wrt, allow_unused=True)
+        for got, want in zip(grads, torch.autograd.grad((ref * probe).sum(), wrt,
+                                                        allow_unused=True)):
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_lag_table_only_for_one_unit_step_row():
+    enc = encoding("alibi")
+
+    def table(pos):
+        return lag_bias.lag_table(enc.score_mod(None, None, pos, 0), pos, H, torch.float64)
+
+    expected = -enc.slopes.view(H, 1) * torch.arange(T)  # ALiBi: -m_h * lag
+    torch.testing.assert_close(table(torch.arange(T).expand(B, T)), expected)
+    torch.testing.assert_close(table(torch.arange(9, 9 + T).unsqueeze(0)), expected)  # B = 1
+    assert table(torch.arange(T).repeat(B, 1) + torch.tensor([[0], [7], [1000]])) is None
+    assert table((2 * torch.arange(T)).expand(B, T)) is None
+
+
+class LargestStorage(TorchDispatchMode):
+    """The bytes of the largest memory any op's output holds (a view holds its base's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.nbytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.nbytes = max(self.nbytes, t.untyped_storage().nbytes())
+        return out
+
+
+def test_no_mask_is_built():
+    """At T = 1024 in blocks of 256 queries (masks of up to 256 x 1024 per head): the largest
+    memory is the heads' own (H x T x d), never a block of scores."""
+    n = 1024
+    enc = encoding("t5").float()
+    q, k, v = (torch.randn(1, H, n, D) for _ in range(3))
+    with LargestStorage() as largest, torch.no_grad():
+        attend(q, k, v, torch.arange(n).expand(1, n), enc, 0)
+    assert largest.nbytes <= H * n * D * 4
