@@ -1,20 +1,27 @@
-"""Speed and memory of posbench's encodings, side by side with peers.
+"""Speed and memory of posbench's encodings, side by side with peers at their best.
 
     python scripts/bench.py --device cpu --encodings rope,alibi,t5 --json out.json
+    python scripts/bench.py --eval-only --no-peers --encodings all --eval-lengths 1024,16384
 
 Per encoding: training tokens/s and median step time (AdamW step included), peak training memory,
-eval time and peak memory per length (one window of each length, batch 1); on CUDA also MFU
-against the device's dense bf16 peak. With x-transformers installed (`pip install -e .[peers]`),
-the same measurements run for its equivalent model and for a minimal nanoGPT-style baseline
-written below (with no positional encoding, and with RoPE, ALiBi and T5 bias written in the
-obvious way), at the same shape (layers, heads, width, vocabulary, tied embeddings), batch,
-sequence, dtype and threads, and the table prints posbench's ratios to them.
+eval time, tokens/s and peak memory per length (one window of each length, batch 1). Next to
+tokens/s, the model's FLOP/s (model_flops_per_token) as a fraction of the matmul peak measured in
+the same run (a large fp32 matmul on CPU, bf16 on CUDA); on CUDA also MFU against the device's
+dense bf16 peak. With x-transformers installed (`pip install -e .[peers]`), the same measurements
+run for its equivalent model in its fastest correct configuration (XT_FLAGS: attn_flash=True
+where it accepts the encoding) and for a minimal nanoGPT-style baseline written below (with no
+positional encoding, and with RoPE, ALiBi and T5 bias written in the obvious way), at the same
+shape (layers, heads, width, vocabulary, tied embeddings), batch, sequence, dtype, threads and
+compilation (--compile compiles every contender), and the table prints posbench's ratios to them
+and how each contender ran.
 
-Training speed is measured in this process, contenders interleaved step block by step block, so
-that a shared machine's load hits all of them alike; the median over repeats is reported. Memory
-is measured in a fresh subprocess per case (peak RSS on CPU, peak allocated on CUDA); on CPU a
-case runs under an address-space cap (--mem-cap-gb), and a case that exceeds it is recorded as
-"oom", as posbench's evaluate() records such points.
+Training speed is measured in this process, contenders interleaved step block by step block with
+the matmul peak, so that a shared machine's load hits all of them alike; the median over repeats
+is reported. Memory is measured in a fresh subprocess per case (peak RSS on CPU, peak allocated
+on CUDA); on CPU a case runs under an address-space cap (--mem-cap-gb), and a case that exceeds
+it is recorded as "oom", as posbench's evaluate() records such points. An eval case then times
+its window again, each time right after posbench's RoPE on the same window, for its time
+relative to RoPE's measured side by side.
 """
 from __future__ import annotations
 
@@ -45,8 +52,12 @@ VOCAB = 256  # posbench's byte-level default
 # dense bf16 peak FLOP/s by device name; the first substring that matches wins
 BF16_PEAK = [("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("GH200", 989e12),
              ("A100", 312e12), ("L40S", 362e12), ("L4", 121e12), ("A10G", 125e12)]
-# encodings with an x-transformers equivalent, and the Decoder flag that selects it
-XT_FLAGS = {"rope": "rotary_pos_emb", "alibi": "alibi_pos_bias", "t5": "rel_pos_bias"}
+# encodings with an x-transformers equivalent: the Decoder flags that select it, in its fastest
+# correct configuration. attn_flash=True (off by default) sends its attention through SDPA, fused
+# on CPU and GPU; x-transformers refuses it with T5's relative bias (an assertion in Decoder).
+XT_FLAGS = {"rope": {"rotary_pos_emb": True, "attn_flash": True},
+            "alibi": {"alibi_pos_bias": True, "attn_flash": True},
+            "t5": {"rel_pos_bias": True}}
 
 
 # ------------------------------------------------------------------ the nanoGPT-style baseline
@@ -150,10 +161,50 @@ def contenders(encodings: List[str], peers: bool) -> List[Contender]:
     return out
 
 
+def flags(c: Contender, args) -> str:
+    """How the contender runs: the output and docs/benchmarks.md state it."""
+    if c.impl == "x-transformers":
+        out = ", ".join(f"{k}=True" for k in XT_FLAGS[c.encoding])
+        if "attn_flash" not in XT_FLAGS[c.encoding]:
+            out += " (attn_flash refused with rel_pos_bias)"
+    elif c.impl == "baseline":
+        out = "SDPA is_causal" if c.encoding in ("nope", "rope") else "SDPA float mask"
+    else:
+        out = "defaults"
+    return out + (", compiled" if args.compile else ", eager")
+
+
 def shape(args):
     """(n_layer, n_head, d_model) of the posbench model preset."""
     m = posbench.compose([f"model={args.model}"]).model
     return m.n_layer, m.n_head, m.d_model
+
+
+def model_flops_per_token(args, n: int, train: bool) -> float:
+    """Matmul FLOPs per token of the preset's shape at context n, the same for every contender:
+    2 per weight of the blocks and of the tied embedding (the output head), plus the causal
+    attention's q k^T and p v, 2 * layers * width * n on average over the n positions (half of
+    the full square's 4 * layers * width * n); training counts 3x the forward."""
+    m = posbench.compose([f"model={args.model}"]).model
+    weights = m.n_layer * (4 + 2 * m.mlp_ratio) * m.d_model ** 2 + VOCAB * m.d_model
+    forward = 2 * weights + 2 * m.n_layer * m.d_model * n
+    return 3 * forward if train else forward
+
+
+def matmul_flops(device: torch.device) -> float:
+    """FLOP/s of one large square matmul, the peak this run measures: fp32 n = 2048 on CPU
+    (within 5% of n = 4096 on the 2-core machine of docs/benchmarks.md, at a quarter of the
+    time), bf16 n = 8192 on CUDA."""
+    n, dtype, reps = (2048, torch.float32, 2) if device.type == "cpu" else (8192, torch.bfloat16, 20)
+    g = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(n, n, generator=g).to(device, dtype) for _ in range(2))
+    a @ b
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    sync(device)
+    return 2 * n ** 3 * reps / (time.perf_counter() - start)
 
 
 def build(c: Contender, args, max_len: int) -> nn.Module:
@@ -168,7 +219,7 @@ def build(c: Contender, args, max_len: int) -> nn.Module:
 
     head_dim = d_model // n_head  # rotary on the whole head, as posbench (x-transformers: half)
     layers = Decoder(dim=d_model, depth=n_layer, heads=n_head, attn_dim_head=head_dim,
-                     rotary_emb_dim=head_dim, ff_no_bias=True, **{XT_FLAGS[c.encoding]: True})
+                     rotary_emb_dim=head_dim, ff_no_bias=True, **XT_FLAGS[c.encoding])
     return TransformerWrapper(num_tokens=VOCAB, max_seq_len=max_len, attn_layers=layers,
                               use_abs_pos_emb=False, tie_embedding=True)
 
@@ -220,7 +271,7 @@ def train_speed(cs: List[Contender], args, device: torch.device) -> dict:
     for t in trainers.values():  # warm-up: allocator, thread pools, compilation
         for _ in range(args.warmup):
             t.step(x, y)
-    times = {c: [] for c in cs}
+    times, peaks = {c: [] for c in cs}, []
     for _ in range(args.repeats):
         for c, t in trainers.items():
             sync(device)
@@ -229,14 +280,17 @@ def train_speed(cs: List[Contender], args, device: torch.device) -> dict:
                 t.step(x, y)
             sync(device)
             times[c].append((time.perf_counter() - start) / args.steps)
-    peak = bf16_peak(device)
-    out = {}
+        peaks.append(matmul_flops(device))
+    peak, spec = statistics.median(peaks), bf16_peak(device)
+    out = {"matmul_flops": peak, "matmul_flops_all": peaks}
     for c, t in trainers.items():
         step = statistics.median(times[c])
         row = {"params": sum(p.numel() for p in t.model.parameters()), "step_s": step,
                "step_s_all": times[c], "tokens_per_s": args.batch_size * args.seq_len / step}
-        if peak:
-            row["mfu"] = flops_per_token(t.model, args) * row["tokens_per_s"] / peak
+        row["flops"] = model_flops_per_token(args, args.seq_len, True) * row["tokens_per_s"]
+        row["of_peak"] = row["flops"] / peak
+        if spec:
+            row["mfu"] = row["flops"] / spec
         out[c] = row
     return out
 
@@ -246,14 +300,6 @@ def bf16_peak(device: torch.device) -> Optional[float]:
         return None
     name = torch.cuda.get_device_name(device)
     return next((peak for key, peak in BF16_PEAK if key in name), None)
-
-
-def flops_per_token(model: nn.Module, args) -> float:
-    """nanoGPT's estimate (PaLM appendix B): 6N for the weights plus 12 * layers * width * T for
-    the attention scores, forward and backward."""
-    n_layer, _, d_model = shape(args)
-    n = sum(p.numel() for p in model.parameters())
-    return 6 * n + 12 * n_layer * d_model * args.seq_len
 
 
 # ------------------------------------------------------------------ memory cases (subprocesses)
@@ -270,7 +316,9 @@ def peak_memory_mb(device: torch.device) -> float:
 def run_case(c: Contender, mode: str, length: int, args) -> dict:
     """In a fresh process: one training step at the training length (mode "train") or one
     scored window of `length` tokens (mode "eval"), after a warm-up call; peak memory and the
-    seconds of the timed call."""
+    seconds of the timed call. An eval case then times the window again, each time right after
+    posbench's RoPE on the same window and followed by the matmul peak, for its ratio to RoPE
+    and its FLOP/s measured side by side."""
     device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -284,37 +332,81 @@ def run_case(c: Contender, mode: str, length: int, args) -> dict:
             data = torch.randint(0, VOCAB, (args.batch_size, args.seq_len + 1), device=device)
             call = lambda n: trainer.step(data[:, :-1], data[:, 1:])  # noqa: E731
         else:
-            model = build(c, args, length).to(device).eval()
             data = torch.randint(0, VOCAB, (1, length + 1), device=device)
-
-            @torch.no_grad()
-            def call(n):
-                with autocast(device):
-                    token_loss(model, data[:, :n], data[:, 1:n + 1])
+            call = scorer(build(c, args, length).to(device).eval(), data, device)
         # warm-up: CUDA compiles FlexAttention for each shape, so it warms up at the timed
         # length; the CPU only needs its allocator and threads, so a short window will do
         call(length if device.type == "cuda" else min(length, args.seq_len))
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        sync(device)
-        start = time.perf_counter()
-        call(length)
-        sync(device)
-        return {"status": "ok", "seconds": time.perf_counter() - start,
-                "peak_mb": peak_memory_mb(device), "start_mb": start_mb}
+        seconds = timed(call, length, device)
+        out = {"status": "ok", "seconds": seconds, "peak_mb": peak_memory_mb(device),
+               "start_mb": start_mb}
+        if mode == "eval":
+            out.update(side_by_side(c, call, seconds, length, data, args, device))
+        return out
     except Exception as err:  # noqa: BLE001 - only out-of-memory is recorded, as evaluate does
         if not is_oom(err):
             raise
         return {"status": "oom"}
 
 
+def scorer(model: nn.Module, data: torch.Tensor, device: torch.device):
+    """call(n): the model's loss on the first n tokens of data, as evaluate() scores a window."""
+
+    @torch.no_grad()
+    def call(n):
+        with autocast(device):
+            token_loss(model, data[:, :n], data[:, 1:n + 1])
+
+    return call
+
+
+def timed(call, n: int, device: torch.device) -> float:
+    sync(device)
+    start = time.perf_counter()
+    call(n)
+    sync(device)
+    return time.perf_counter() - start
+
+
+def side_by_side(c: Contender, call, first: float, length: int, data, args, device) -> dict:
+    """--eval-repeats more timings of the case, each after one of posbench's RoPE on the same
+    window (skipped for RoPE itself) and followed by the matmul peak: the medians, the median
+    ratio of each pair, and the model FLOP/s of the median time as a fraction of the peak."""
+    rope = Contender("posbench", "rope")
+    reference = None if c == rope else scorer(build(rope, args, length).to(device).eval(), data,
+                                              device)
+    if reference is not None:
+        reference(min(length, args.seq_len))
+    own, ref, peaks = [first], [], []
+    for _ in range(args.eval_repeats):
+        if reference is not None:
+            ref.append(timed(reference, length, device))
+        own.append(timed(call, length, device))
+        peaks.append(matmul_flops(device))
+    seconds, peak = statistics.median(own), statistics.median(peaks)
+    flops = model_flops_per_token(args, length, False) * length / seconds
+    out = {"seconds": seconds, "seconds_all": own, "tokens_per_s": length / seconds,
+           "flops": flops, "of_peak": flops / peak, "matmul_flops": peak}
+    if ref:
+        out["vs_rope"] = statistics.median(o / r for o, r in zip(own[1:], ref))
+        out["rope_seconds_all"] = ref
+    return out
+
+
+def cases(cs: List[Contender], args) -> list:
+    """(contender, mode, length) of every memory case: a training step per contender unless
+    --eval-only, then one window of every eval length."""
+    out = [] if args.eval_only else [(c, "train", args.seq_len) for c in cs]
+    return out + [(c, "eval", n) for c in cs for n in args.eval_lengths]
+
+
 def memory_cases(cs: List[Contender], args) -> dict:
     """{(contender, mode, length): result}, one subprocess per case, run one after another."""
-    cases = [(c, "train", args.seq_len) for c in cs]
-    cases += [(c, "eval", n) for c in cs for n in args.eval_lengths]
     ctx = multiprocessing.get_context("spawn")
     out = {}
-    for case in cases:
+    for case in cases(cs, args):
         with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
             try:
                 out[case] = pool.submit(run_case, *case, args).result()
@@ -327,7 +419,12 @@ def memory_cases(cs: List[Contender], args) -> dict:
 def fmt_case(r: dict) -> str:
     if r["status"] != "ok":
         return r["status"]
-    return f"{r['seconds']:.2f} s, {r['peak_mb']:.0f} MiB"
+    line = f"{r['seconds']:.2f} s, {r['peak_mb']:.0f} MiB"
+    if "of_peak" in r:
+        line += f", {r['tokens_per_s']:.0f} tok/s, {100 * r['of_peak']:.0f}% of peak"
+    if "vs_rope" in r:
+        line += f", {r['vs_rope']:.2f}x rope's time"
+    return line
 
 
 # ------------------------------------------------------------------ report
@@ -336,27 +433,42 @@ def ratio(a: float, b: float) -> str:
 
 
 def print_table(cs: List[Contender], speed: dict, mem: dict, args) -> None:
+    print("\nhow each contender runs:")
+    for c in cs:
+        print(f"  {c.label:24s} {flags(c, args)}")
     if speed:
         print_speed(cs, speed, mem, args)
     if mem:
-        print("\neval (batch 1, one window per length): seconds, peak MiB")
-        print(f"{'contender':24s}" + "".join(f"{n:>22d}" for n in args.eval_lengths))
+        print(f"\neval (batch 1, one window per length; median of {1 + args.eval_repeats}): "
+              "seconds, peak MiB, tokens/s, model FLOP/s as % of the matmul peak, time / RoPE's "
+              "(median of the pairs)")
+        print(f"{'contender':24s} {'length':>6s} {'s':>8s} {'peak MiB':>9s} {'tok/s':>8s} "
+              f"{'% peak':>7s} {'x rope':>7s}")
         for c in cs:
-            cells = [fmt_case(mem[(c, "eval", n)]) for n in args.eval_lengths]
-            print(f"{c.label:24s}" + "".join(f"{cell:>22s}" for cell in cells))
+            for n in args.eval_lengths:
+                r = mem[(c, "eval", n)]
+                if r["status"] != "ok":
+                    print(f"{c.label:24s} {n:6d} {r['status']:>8s}")
+                    continue
+                vs = f"{r['vs_rope']:.2f}" if "vs_rope" in r else "-"
+                print(f"{c.label:24s} {n:6d} {r['seconds']:8.2f} {r['peak_mb']:9.0f} "
+                      f"{r['tokens_per_s']:8.0f} {100 * r['of_peak']:6.1f}% {vs:>7s}")
 
 
 def print_speed(cs: List[Contender], speed: dict, mem: dict, args) -> None:
     print(f"\ntraining: model={args.model} batch={args.batch_size} seq_len={args.seq_len} "
-          f"device={args.device} threads={torch.get_num_threads()} (median of {args.repeats})")
-    head = f"{'contender':24s} {'params':>9s} {'tok/s':>9s} {'step ms':>8s} {'peak MiB':>9s}"
+          f"device={args.device} threads={torch.get_num_threads()} (median of {args.repeats}); "
+          f"matmul peak {speed['matmul_flops'] / 1e9:.1f} GFLOP/s (median)")
+    head = (f"{'contender':24s} {'params':>9s} {'tok/s':>9s} {'step ms':>8s} {'peak MiB':>9s}"
+            f" {'GFLOP/s':>8s} {'% peak':>7s}")
     print(head + ("    MFU" if args.device == "cuda" else "")
           + "  vs x-transformers  vs baseline (same)  vs baseline:nope")
     for c in cs:
         s, m = speed[c], mem.get((c, "train", args.seq_len), {"status": "-"})
         peak = f"{m['peak_mb']:.0f}" if m["status"] == "ok" else m["status"]
         line = (f"{c.label:24s} {s['params']:9d} {s['tokens_per_s']:9.0f} "
-                f"{1e3 * s['step_s']:8.1f} {peak:>9s}")
+                f"{1e3 * s['step_s']:8.1f} {peak:>9s} {s['flops'] / 1e9:8.1f} "
+                f"{100 * s['of_peak']:6.1f}%")
         if args.device == "cuda":
             line += f"  {100 * s['mfu']:4.1f}%" if "mfu" in s else "      -"
         if c.impl == "posbench":
@@ -383,7 +495,7 @@ def machine() -> dict:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--encodings", default="rope,alibi,t5")
+    p.add_argument("--encodings", default="rope,alibi,t5", help="comma-separated, or all")
     p.add_argument("--model", default="tiny", help="a posbench model preset")
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=32)
@@ -396,6 +508,10 @@ def main(argv=None):
     p.add_argument("--no-peers", action="store_true", help="posbench only")
     p.add_argument("--no-speed", action="store_true", help="skip the training-speed measurement")
     p.add_argument("--no-memory", action="store_true", help="skip the subprocess memory cases")
+    p.add_argument("--eval-only", action="store_true",
+                   help="only the eval cases: no training speed, no training memory")
+    p.add_argument("--eval-repeats", type=int, default=2,
+                   help="timings of each eval case after the first, each paired with RoPE's")
     p.add_argument("--mem-cap-gb", type=float, default=8.0, help="CPU address-space cap per case")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
@@ -412,15 +528,19 @@ def main(argv=None):
         except ImportError:
             print("x-transformers is not installed (pip install -e .[peers]): posbench only")
             peers = False
-    cs = contenders([e for e in args.encodings.split(",") if e], peers)
+    names = (posbench.list_encodings() if args.encodings == "all"
+             else [e for e in args.encodings.split(",") if e])
+    cs = contenders(names, peers)
     info = machine()
     print(json.dumps(info))
-    speed = {} if args.no_speed else train_speed(cs, args, torch.device(args.device))
+    speed = ({} if args.no_speed or args.eval_only
+             else train_speed(cs, args, torch.device(args.device)))
     mem = {} if args.no_memory else memory_cases(cs, args)
     print_table(cs, speed, mem, args)
     if args.json:
-        record = {"machine": info, "args": vars(args), "contenders": [
-            {"impl": c.impl, "encoding": c.encoding, "train": speed.get(c),
+        record = {"machine": info, "args": vars(args),
+                  "train_matmul_flops": speed.get("matmul_flops"), "contenders": [
+            {"impl": c.impl, "encoding": c.encoding, "flags": flags(c, args), "train": speed.get(c),
              "train_memory": mem.get((c, "train", args.seq_len)),
              "eval": [{"length": n, **mem[(c, "eval", n)]} for n in args.eval_lengths
                       if (c, "eval", n) in mem]} for c in cs]}

@@ -56,10 +56,49 @@ def test_small_run_writes_the_json(bench, tmp_path):
     out = tmp_path / "bench.json"
     bench.main(["--device", "cpu", "--encodings", "alibi", "--no-peers", "--seq-len", "32",
                 "--batch-size", "2", "--steps", "1", "--repeats", "2", "--warmup", "0",
-                "--eval-lengths", "64", "--threads", "1", "--json", str(out)])
+                "--eval-lengths", "64", "--eval-repeats", "1", "--threads", "1",
+                "--json", str(out)])
     record = json.loads(out.read_text())
     (row,) = record["contenders"]
-    assert (row["impl"], row["encoding"]) == ("posbench", "alibi")
-    assert row["train"]["tokens_per_s"] > 0 and len(row["train"]["step_s_all"]) == 2
+    assert (row["impl"], row["encoding"], row["flags"]) == ("posbench", "alibi", "defaults, eager")
+    train = row["train"]
+    assert train["tokens_per_s"] > 0 and len(train["step_s_all"]) == 2
+    # model FLOP/s: 3 x (2 x weights + 2 x layers x width x T) per token, at model=tiny
+    per_token = 3 * (2 * (4 * 12 * 128**2 + 256 * 128) + 2 * 4 * 128 * 32)
+    assert train["flops"] == pytest.approx(per_token * train["tokens_per_s"])
+    assert train["of_peak"] == pytest.approx(train["flops"] / record["train_matmul_flops"])
     assert row["train_memory"]["status"] == "ok" and row["train_memory"]["peak_mb"] > 0
-    assert [(e["length"], e["status"]) for e in row["eval"]] == [(64, "ok")]
+    (point,) = row["eval"]
+    assert (point["length"], point["status"]) == (64, "ok") and point["vs_rope"] > 0
+
+
+def test_eval_only_has_no_training_cases(bench):
+    args = bench.argparse.Namespace(eval_only=True, seq_len=256, eval_lengths=[1024, 4096])
+    cs = bench.contenders(["rope", "fire"], peers=False)
+    assert bench.cases(cs, args) == [(c, "eval", n) for c in cs for n in (1024, 4096)]
+
+
+def test_an_eval_case_is_timed_beside_rope(bench):
+    """Its window again right after RoPE's on the same window: the median of the pairs' ratios,
+    and FLOP/s from the median time against the matmul peak measured in between."""
+    args = bench.argparse.Namespace(model="tiny", seq_len=32, eval_repeats=1)
+    cpu = torch.device("cpu")
+    data = torch.randint(0, bench.VOCAB, (1, 65))
+    fire = bench.Contender("posbench", "fire")
+    call = bench.scorer(bench.build(fire, args, 64), data, cpu)
+    call(64)
+    row = bench.side_by_side(fire, call, bench.timed(call, 64, cpu), 64, data, args, cpu)
+    own, rope = row["seconds_all"], row["rope_seconds_all"]
+    assert len(own) == 2 and len(rope) == 1 and row["vs_rope"] == pytest.approx(own[1] / rope[0])
+    assert row["tokens_per_s"] == pytest.approx(64 / ((own[0] + own[1]) / 2))
+    assert row["of_peak"] == pytest.approx(
+        bench.model_flops_per_token(args, 64, False) * row["tokens_per_s"] / row["matmul_flops"])
+
+
+def test_x_transformers_runs_at_its_best(bench):
+    """Its flash (SDPA) path wherever it accepts the encoding; it refuses it with T5's bias."""
+    assert bench.XT_FLAGS["rope"]["attn_flash"] and bench.XT_FLAGS["alibi"]["attn_flash"]
+    assert "attn_flash" not in bench.XT_FLAGS["t5"]
+    args = bench.argparse.Namespace(compile=True)
+    assert bench.flags(bench.Contender("x-transformers", "rope"), args) == (
+        "rotary_pos_emb=True, attn_flash=True, compiled")
