@@ -302,6 +302,15 @@ def precheck(argv: list, compose: Callable = posbench.compose) -> list:
     return swept
 
 
+def saved_config_dir(run_dir: Path, scratch: str) -> Path:
+    """A config dir in `scratch` holding run_dir's saved config as the current schema reads it
+    (config.with_defaults), so that overrides of keys added since the run was saved apply."""
+    folder = Path(tempfile.mkdtemp(dir=scratch))
+    saved = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    write_text(folder / "config.yaml", OmegaConf.to_yaml(config_module.with_defaults(saved)))
+    return folder
+
+
 def compose_run(run_dir: Path) -> Callable:
     """A compose function for precheck: run_dir's saved config with overrides, as `posbench
     eval` composes it (unchecked: some values apply to some runs only)."""
@@ -310,8 +319,10 @@ def compose_run(run_dir: Path) -> Callable:
 
     def composed(overrides: list) -> DictConfig:
         GlobalHydra.instance().clear()
-        with initialize_config_dir(config_dir=str(run_dir / ".hydra"), version_base=None):
-            return compose(config_name="config", overrides=overrides)
+        with tempfile.TemporaryDirectory(prefix="posbench-compose-") as scratch:
+            config_dir = saved_config_dir(run_dir, scratch)
+            with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+                return compose(config_name="config", overrides=overrides)
 
     return composed
 
@@ -414,7 +425,7 @@ def evaluate_runs(rest: list) -> None:
     _job_errors.clear()
     with tempfile.TemporaryDirectory(prefix="posbench-eval-") as scratch:
         for run_dir in runs:
-            sys.argv = ["posbench eval", f"--config-path={run_dir / '.hydra'}",
+            sys.argv = ["posbench eval", f"--config-path={saved_config_dir(run_dir, scratch)}",
                         "--config-name=config", *hydra_argv(overrides, [
                             f"hydra.run.dir={hydra_quoted(scratch)}",
                             f"hydra.sweep.dir={hydra_quoted(scratch)}",
@@ -481,9 +492,10 @@ def extend_runs(rest: list) -> None:
     if swept:  # the keys it sweeps, which name the job dirs (posbench/resolvers.py)
         added.append(f"+hydra.{SWEPT}=[{','.join(map(hydra_quoted, swept))}]")
     _job_errors.clear()
-    sys.argv = ["posbench extend", f"--config-path={parent / '.hydra'}", "--config-name=config",
-                *hydra_argv(overrides, added)]
-    extend_app()
+    with tempfile.TemporaryDirectory(prefix="posbench-extend-") as scratch:
+        sys.argv = ["posbench extend", f"--config-path={saved_config_dir(parent, scratch)}",
+                    "--config-name=config", *hydra_argv(overrides, added)]
+        extend_app()
     if _job_errors:
         sys.exit(max(_job_errors))
 

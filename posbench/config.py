@@ -278,6 +278,32 @@ def rename_saved_keys(cfg: DictConfig) -> None:
                 cfg.eval.temperature = "logn"
 
 
+# the groups whose every key the schema types with its default (an encoding's and a dataset's
+# own keys default in their own Config classes)
+TYPED_GROUPS = ("model", "train", "eval", "logger")
+
+
+def _merged(defaults: dict, saved: dict) -> dict:
+    return {**defaults, **{key: _merged(defaults[key], value)
+                           if isinstance(value, dict) and isinstance(defaults.get(key), dict)
+                           else value for key, value in saved.items()}}
+
+
+def with_defaults(saved) -> DictConfig:
+    """A saved run's config as the current schema reads it: renamed keys renamed, and every key
+    added to model, train, eval or logger since the run was saved at its default, which is what
+    the run did. So a run saved by an older posbench is still skipped or resumed by the same
+    command, and re-scored or extended with overrides of the new keys."""
+    cfg = OmegaConf.create(saved if isinstance(saved, dict) else to_container(saved))
+    rename_saved_keys(cfg)
+    defaults = OmegaConf.to_container(OmegaConf.structured(schema()))
+    tree = to_container(cfg)
+    for group in TYPED_GROUPS:
+        if isinstance(tree.get(group), dict):
+            tree[group] = _merged(defaults[group], tree[group])
+    return OmegaConf.create(tree)
+
+
 def check(cfg: DictConfig) -> None:
     """Checks types (also of configs that did not come through the schema, such as a saved run's),
     ranges, choices, and the encoding's own values."""

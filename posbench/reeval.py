@@ -5,14 +5,13 @@ plots (overlaid on the original curve) beside the run's results, which are never
 The same re-score asked again is skipped, as a finished run is."""
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any, Dict, Optional
 
 from omegaconf import DictConfig
 
 from posbench.checkpoint import CHECKPOINT
-from posbench.config import flatten, to_container
+from posbench.config import flatten, to_container, with_defaults
 from posbench.errors import ConfigError
 from posbench import evaluations
 from posbench.loggers import make_logger, run_group
@@ -33,10 +32,10 @@ def override_text(value: Any) -> str:
 
 
 def _scored_with(config: dict) -> dict:
-    """The keys a re-score may change, flat: eval.* (a key added to EvalConfig after the run was
-    trained counts at its default, which is how the run was scored) and device."""
-    defaults = dataclasses.asdict(evaluations.eval_schema()())
-    return flatten({"eval": {**defaults, **config.get("eval", {})}, "device": config.get("device")})
+    """The keys a re-score may change, flat: eval.* (a key added after the run was trained
+    counts at its default, which is how the run was scored) and device."""
+    config = to_container(with_defaults(config))
+    return flatten({"eval": config["eval"], "device": config.get("device")})
 
 
 def eval_changes(trained: dict, cfg: dict) -> Dict[str, Any]:

@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from posbench import distributed
 from posbench.checkpoint import CHECKPOINT, Checkpoint
-from posbench.config import flatten, to_container
+from posbench.config import flatten, to_container, with_defaults
 from posbench import evaluations
 from posbench.data import Data, prepare
 from posbench.device import resolve_device
@@ -82,7 +82,7 @@ def finished_results(run_dir: Path) -> dict:
 
 def config_changes(saved: dict, cfg: DictConfig) -> list:
     """(key, saved value, new value) for every key outside RESUME_FREE that differs."""
-    old, new = flatten(saved), flatten(to_container(cfg))
+    old, new = flatten(to_container(with_defaults(saved))), flatten(to_container(cfg))
     keys = list(new) + [k for k in old if k not in new]
     return [(k, old.get(k, "<absent>"), new.get(k, "<absent>")) for k in keys
             if not k.startswith(RESUME_FREE) and old.get(k, "<absent>") != new.get(k, "<absent>")]

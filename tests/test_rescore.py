@@ -6,6 +6,7 @@ import csv
 import json
 
 import pytest
+import yaml
 
 from helpers import finished_wandb_records, posbench_cli, results, run_in_process
 from posbench.reeval import change_label, change_tag, eval_changes
@@ -178,3 +179,27 @@ def test_a_distance_remap_rescores_rope_and_skips_what_it_does_not_apply_to(swee
                         .read_text())
     assert record["eval"]["rope_remap"] == {"near": 12, "window": 2, "shift": 12, "factor": None}
     assert "rope_scaling shifted_rope (near 12, window 2, shift 12)" in proc.stdout
+
+
+def test_a_run_saved_before_newer_keys_existed_is_skipped_rescored_and_extended(
+        tmp_path, monkeypatch, capsys):
+    old = tmp_path / "old"
+    overrides = [*TOY_SWEEP, "encoding=rope", f"hydra.run.dir={old}"]
+    assert run_in_process(["train", *overrides], monkeypatch, capsys).returncode == 0
+    # as an older posbench saved it: without keys that were added to the schema since
+    config_file = old / ".hydra" / "config.yaml"
+    cfg, record = yaml.safe_load(config_file.read_text()), results(old)
+    for group, key in [("eval", "temperature"), ("train", "eval_every"), ("model", "qk_norm")]:
+        del cfg[group][key], record["config"][group][key]
+    config_file.write_text(yaml.safe_dump(cfg))
+    (old / "results.json").write_text(json.dumps(record))
+    same = run_in_process(["train", *overrides], monkeypatch, capsys)
+    assert same.returncode == 0 and f"skipped {old}: it holds this run, finished" in same.stdout
+    rescore = run_in_process(["eval", str(old), "eval.temperature=logn"], monkeypatch, capsys)
+    assert rescore.returncode == 0, rescore.stderr
+    assert (old / "results.eval-temperature-logn.json").is_file()
+    extension = tmp_path / "extension"
+    extend = run_in_process(["extend", str(old), "train.steps=1", "eval.lengths=[64]",
+                             f"hydra.run.dir={extension}"], monkeypatch, capsys)
+    assert extend.returncode == 0, extend.stderr
+    assert results(extension)["status"] == "ok"
