@@ -90,9 +90,10 @@ class GPT(nn.Module):
         """Per-token cross-entropy in nats (B, T), computed in chunks of the sequence so that
         the (B, T, V) logits never exist at once at long lengths."""
         h = self.hidden(idx, pos)
-        losses = [F.cross_entropy(self.head(h[:, s:s + chunk]).float().transpose(1, 2),
-                                  targets[:, s:s + chunk], reduction="none")
-                  for s in range(0, idx.shape[1], chunk)]
+        # (tokens, V) rows: cross_entropy's fast path, where (B, V, T) takes the 2-d one, 4x slower
+        losses = [F.cross_entropy(self.head(h[:, s:s + chunk]).float().flatten(0, 1),
+                                  targets[:, s:s + chunk].flatten(), reduction="none")
+                  .view(idx.shape[0], -1) for s in range(0, idx.shape[1], chunk)]
         return torch.cat(losses, dim=1)
 
     def num_params(self) -> int:

@@ -313,42 +313,75 @@ def peak_memory_mb(device: torch.device) -> float:
     return kib / 1024
 
 
-def run_case(c: Contender, mode: str, length: int, args) -> dict:
-    """In a fresh process: one training step at the training length (mode "train") or one
-    scored window of `length` tokens (mode "eval"), after a warm-up call; peak memory and the
-    seconds of the timed call. An eval case then times the window again, each time right after
-    posbench's RoPE on the same window and followed by the matmul peak, for its ratio to RoPE
-    and its FLOP/s measured side by side."""
-    device = torch.device(args.device)
+def reset_peak_memory(device: torch.device) -> None:
+    """The peak starts again from what is in use now (on CPU, Linux's clear_refs 5 resets VmHWM)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+
+
+def in_fresh_process(args) -> torch.device:
+    """The settings every measuring process starts with: threads, and on CPU the memory cap."""
     if args.threads:
         torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
     if device.type == "cpu":
         cap = int(args.mem_cap_gb * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    return device
+
+
+def out_of_memory(err: Exception) -> dict:
+    if not is_oom(err):  # only out-of-memory is recorded, as evaluate() does
+        raise err
+    return {"status": "oom"}
+
+
+def run_train(c: Contender, args) -> dict:
+    """In a fresh process: peak memory and seconds of one training step after a warm-up step."""
+    device = in_fresh_process(args)
     start_mb = peak_memory_mb(device)  # the interpreter, torch and the libraries
     try:
-        if mode == "train":
-            trainer = Trainer(c, args, device)
-            data = torch.randint(0, VOCAB, (args.batch_size, args.seq_len + 1), device=device)
-            call = lambda n: trainer.step(data[:, :-1], data[:, 1:])  # noqa: E731
-        else:
-            data = torch.randint(0, VOCAB, (1, length + 1), device=device)
-            call = scorer(build(c, args, length).to(device).eval(), data, device)
-        # warm-up: CUDA compiles FlexAttention for each shape, so it warms up at the timed
-        # length; the CPU only needs its allocator and threads, so a short window will do
-        call(length if device.type == "cuda" else min(length, args.seq_len))
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        seconds = timed(call, length, device)
-        out = {"status": "ok", "seconds": seconds, "peak_mb": peak_memory_mb(device),
-               "start_mb": start_mb}
-        if mode == "eval":
-            out.update(side_by_side(c, call, seconds, length, data, args, device))
-        return out
-    except Exception as err:  # noqa: BLE001 - only out-of-memory is recorded, as evaluate does
-        if not is_oom(err):
-            raise
-        return {"status": "oom"}
+        trainer = Trainer(c, args, device)
+        data = torch.randint(0, VOCAB, (args.batch_size, args.seq_len + 1), device=device)
+        trainer.step(data[:, :-1], data[:, 1:])
+        reset_peak_memory(device)
+        seconds = timed(lambda n: trainer.step(data[:, :-1], data[:, 1:]), 0, device)
+        return {"status": "ok", "seconds": seconds, "peak_mb": peak_memory_mb(device),
+                "start_mb": start_mb}
+    except Exception as err:  # noqa: BLE001
+        return out_of_memory(err)
+
+
+def run_evals(c: Contender, args) -> dict:
+    """In a fresh process: {length: result} for one scored window of each eval length,
+    ascending, the peak memory reset before each. Each window is timed once, then again
+    --eval-repeats times, each right after posbench's RoPE on the same window and followed by the
+    matmul peak, for its ratio to RoPE and its FLOP/s measured side by side."""
+    device = in_fresh_process(args)
+    start_mb = peak_memory_mb(device)
+    lengths = sorted(args.eval_lengths)
+    model = build(c, args, lengths[-1]).to(device).eval()
+    rope = Contender("posbench", "rope")
+    reference = None if c == rope else build(rope, args, lengths[-1]).to(device).eval()
+    out = {}
+    for n in lengths:
+        try:
+            data = torch.randint(0, VOCAB, (1, n + 1), device=device)
+            call = scorer(model, data, device)
+            # warm-up: CUDA compiles FlexAttention for each shape, so it warms up at the timed
+            # length; the CPU only needs its allocator and threads, so a short window will do
+            call(n if device.type == "cuda" else min(n, args.seq_len))
+            reset_peak_memory(device)
+            seconds = timed(call, n, device)
+            out[n] = {"status": "ok", "peak_mb": peak_memory_mb(device), "start_mb": start_mb}
+            paired = None if reference is None else scorer(reference, data, device)
+            out[n].update(side_by_side(call, seconds, n, args, device, paired))
+        except Exception as err:  # noqa: BLE001
+            out[n] = out_of_memory(err)
+    return out
 
 
 def scorer(model: nn.Module, data: torch.Tensor, device: torch.device):
@@ -370,13 +403,10 @@ def timed(call, n: int, device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def side_by_side(c: Contender, call, first: float, length: int, data, args, device) -> dict:
-    """--eval-repeats more timings of the case, each after one of posbench's RoPE on the same
-    window (skipped for RoPE itself) and followed by the matmul peak: the medians, the median
-    ratio of each pair, and the model FLOP/s of the median time as a fraction of the peak."""
-    rope = Contender("posbench", "rope")
-    reference = None if c == rope else scorer(build(rope, args, length).to(device).eval(), data,
-                                              device)
+def side_by_side(call, first: float, length: int, args, device, reference=None) -> dict:
+    """--eval-repeats more timings of call(length), each after reference(length) (RoPE's, when
+    given) and followed by the matmul peak: the medians, the median ratio of each pair, and the
+    model FLOP/s of the median time as a fraction of the peak."""
     if reference is not None:
         reference(min(length, args.seq_len))
     own, ref, peaks = [first], [], []
@@ -395,24 +425,23 @@ def side_by_side(c: Contender, call, first: float, length: int, data, args, devi
     return out
 
 
-def cases(cs: List[Contender], args) -> list:
-    """(contender, mode, length) of every memory case: a training step per contender unless
-    --eval-only, then one window of every eval length."""
-    out = [] if args.eval_only else [(c, "train", args.seq_len) for c in cs]
-    return out + [(c, "eval", n) for c in cs for n in args.eval_lengths]
-
-
 def memory_cases(cs: List[Contender], args) -> dict:
-    """{(contender, mode, length): result}, one subprocess per case, run one after another."""
+    """{(contender, mode, length): result}: a fresh process for each contender's training step
+    (unless --eval-only), then one for each contender's eval lengths, one after another."""
     ctx = multiprocessing.get_context("spawn")
+    jobs = [] if args.eval_only else [(c, "train", run_train) for c in cs]
+    jobs += [(c, "eval", run_evals) for c in cs]
     out = {}
-    for case in cases(cs, args):
+    for c, mode, fn in jobs:
         with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
             try:
-                out[case] = pool.submit(run_case, *case, args).result()
+                result = pool.submit(fn, c, args).result()
             except concurrent.futures.process.BrokenProcessPool:  # killed, e.g. by the OOM killer
-                out[case] = {"status": "killed"}
-        print(f"  {case[0].label:24s} {case[1]:5s} {case[2]:6d}: {fmt_case(out[case])}", flush=True)
+                result = {"status": "killed"}
+        lengths = [args.seq_len] if mode == "train" else sorted(args.eval_lengths)
+        for n in lengths:
+            out[(c, mode, n)] = result if mode == "train" or "status" in result else result[n]
+            print(f"  {c.label:24s} {mode:5s} {n:6d}: {fmt_case(out[(c, mode, n)])}", flush=True)
     return out
 
 

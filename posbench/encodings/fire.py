@@ -148,7 +148,8 @@ class FIRE(PositionalEncoding):
             lag = lag_of(b, q_idx, kv_idx).clamp(min=0)
             # the CPU path's blocks: x (B or 1, 1, rows, keys) and h every head in order
             if lines is not None and lag.dim():
-                return score + mlp.piecewise(psi_lag.take(lag) / at(normalizer, b, q_idx), lines)
+                bias = mlp.piecewise(psi_lag.take(lag) / at(normalizer, b, q_idx), lines)
+                return bias.add_(score) if score.dim() == 0 else score + bias  # in place: 0-d
             return score + mlp(psi_lag[lag] / at(normalizer, b, q_idx), h)
 
         return fire

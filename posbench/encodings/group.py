@@ -205,8 +205,9 @@ class GroupPE(PositionalEncoding):
             self.rotate = None
         if cfg.decay == "none" and not cfg.alibi:
             self.score_mod = None
-        # ALiBi's bias without decay only adds to the score: the CPU path may fuse it
-        self.additive_score_mod = cfg.alibi and cfg.decay == "none"
+        # ALiBi's bias without decay only adds to the score: the CPU path may fuse it, and
+        # reads it from one table of lags (a polynomial of the lag per head)
+        self.additive_score_mod = self.lag_only_bias = cfg.alibi and cfg.decay == "none"
 
     def _init_decay(self, kind: str, n_head: int):
         rate = retnet_decay(n_head)
