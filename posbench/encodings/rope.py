@@ -40,41 +40,9 @@ def rope_tables(pos: torch.Tensor, inv_freq: torch.Tensor, dtype, factor: float 
 
 
 def apply_rotary(x, cos, sin):
-    """x cos + rotate_half(x) sin, rotate_half(x) = (-x2, x1), for tables whose two halves are
-    equal (rope_tables'). Tables without a gradient (RoPE's are buffers) go through Rotary, which
-    writes the result once where the formula writes five tensors, and keeps the tables, not x,
-    for the backward pass."""
-    if cos.requires_grad or sin.requires_grad:
-        x1, x2 = x.chunk(2, dim=-1)
-        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
-    return Rotary.apply(x, cos, sin)
-
-
-def rotated(x, cos, sin):
-    """(x1 c - x2 s, x2 c + x1 s) for c, s the first halves of the tables."""
-    half = x.shape[-1] // 2
-    c, s, x1, x2 = cos[..., :half], sin[..., :half], x[..., :half], x[..., half:]
-    out = torch.empty(torch.broadcast_shapes(x.shape, cos.shape), device=x.device,
-                      dtype=torch.result_type(x, cos))
-    # each product rounded on its own (no fused multiply-add): the formula's numbers, bit for bit
-    torch.mul(x1, c, out=out[..., :half]).sub_(x2 * s)
-    torch.mul(x2, c, out=out[..., half:]).add_(x1 * s)
-    return out
-
-
-class Rotary(torch.autograd.Function):
-    """apply_rotary for constant tables. A rotation's transpose is its inverse: the gradient of x
-    is the gradient of the output rotated by -theta (sin -> -sin)."""
-
-    @staticmethod
-    def forward(ctx, x, cos, sin):
-        ctx.save_for_backward(cos, sin)
-        return rotated(x, cos, sin)
-
-    @staticmethod
-    def backward(ctx, grad):
-        cos, sin = ctx.saved_tensors
-        return rotated(grad, cos, -sin), None, None
+    """x cos + rotate_half(x) sin, rotate_half(x) = (-x2, x1)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
 def ntk_base(base: float, s: float, head_dim: int) -> float:
