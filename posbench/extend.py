@@ -32,6 +32,7 @@ from posbench.config import TRAIN_ROPE_SCALINGS
 from posbench.errors import require
 from posbench.io import write_text
 from posbench.plots import pyplot, save_figure
+from posbench.results import RESULTS
 
 SCALE = 4  # default longer length: 4 L (PI extends LLaMA from 2048 to 8192 tokens, s = 4)
 STEPS = 200  # PI: passkey retrieval holds at the extended length after 200 steps
@@ -161,6 +162,34 @@ def read_curve(path: Path) -> List[dict]:
     with open(path, newline="") as f:
         return [{key: (int(value) if key in ("step", "length") else float(value)) if value
                  else None for key, value in row.items()} for row in csv.DictReader(f)]
+
+
+def plot_sweep(runs: List[dict], labels: dict, path: Path) -> bool:
+    """A report's eval_vs_step.png: perplexity at each run's own training length against its
+    fine-tuning steps, one curve per run (the figure of the PI and YaRN papers), for the runs
+    (records with `_dir`, labelled by `labels[i]`) that wrote eval_vs_step.csv. False if none."""
+    curves = []
+    for i, run in enumerate(runs):
+        file = Path(run["_dir"]) / CURVE
+        if run.get("_file") != RESULTS or not file.is_file():
+            continue
+        t = run["config"]["train"]
+        length = t.get("pose_span") or t["seq_len"]  # what PoSE's windows span
+        points = [(r["step"], r["ppl"]) for r in read_curve(file) if r["length"] == length]
+        curves.append((f"{labels[i]}, seed {run['seed']}", length, points))
+    if not curves:
+        return False
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, length, points in curves:
+        ax.plot(*zip(*points), "o-", markersize=3, label=f"{label} (at {length})")
+    ax.set_xlabel("fine-tuning step")
+    ax.set_ylabel("perplexity at the run's training length")
+    ax.set_yscale("log")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    save_figure(plt, fig, path)
+    return True
 
 
 def curve_for(cfg: DictConfig, start, run_dir: Path, first: int) -> Optional[StepCurve]:

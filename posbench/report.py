@@ -24,6 +24,7 @@ from posbench.errors import ConfigError
 from posbench.io import write_text
 from posbench.evaluations import retrieval
 from posbench.parity import UNDER_TRAINED, Gap, parity_gaps
+from posbench.extend import plot_sweep
 from posbench.plots import METRICS, plot_curves
 from posbench.reeval import change_label, eval_changes, override_text
 from posbench.results import REFUSED, RESULTS, load_results, rescore_label
@@ -344,6 +345,8 @@ def write_report(root: Path) -> Dict[str, dict]:
     plots = [f"{m}_vs_length.png" for m in tables]
     if retrieval.plot_grid(members, member_labels, root / "retrieval_grid.png"):
         plots.append("retrieval_grid.png")
+    if plot_sweep(members, member_labels, root / "eval_vs_step.png"):
+        plots.append("eval_vs_step.png")
     print("\n".join(lines))
     print(f"\nwrote {root / 'summary.md'}, summary.csv, " + ", ".join(plots))
     return {label: {"train_length": train_of[label],

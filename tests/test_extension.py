@@ -133,6 +133,7 @@ def test_an_extension_starts_at_its_parent_and_records_its_lineage(parent, sweep
                              torch.device("cpu"))
     assert [float(r["loss"]) for r in rows[:3]] == [p["loss"] for p in scores["curve"]]
     assert (folder / "summary.md").is_file()
+    assert (folder / "eval_vs_step.png").stat().st_size > 0  # the sweep's curves on one plot
 
 
 def test_an_extension_stopped_midway_resumes_exactly(parent, sweep, tmp_path, monkeypatch,
