@@ -11,6 +11,8 @@
 - a bias of the lag alone, CPU  -> fused SDPA per block of queries, the mask a strided view of
   (encoding.lag_only_bias)         one table of lags (posbench/lag_bias.py), unless the bias is
                                    learned and in training
+- encoding.lag_rows, CPU eval   -> the same, the mask a strided view of each block's table of
+                                   (query row, lag) (FIRE, Transformer-XL)
 - a remap (eval-time distance    -> blockwise, each block's logits picked per (query, key) from
   remaps of RoPE)                  two products, near and far (remapped_attention)
 Each layer's span (posbench/span.py) masks the keys outside it with the causal mask: FlexAttention's
@@ -28,7 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from posbench.lag_bias import lag_bias_attention, lag_table
+from posbench.lag_bias import (lag_bias_attention, lag_is_index_difference, lag_rows_attention,
+                               lag_table)
 from posbench.span import GLOBAL, Span
 from posbench.temperature import Temperature
 
@@ -125,6 +128,11 @@ def attend(q, k, v, pos, encoding, layer, x=None, span: Span = GLOBAL):
             table = lag_table(score_mod, pos, q.shape[1], q.dtype)
             if table is not None and not table.requires_grad:  # learned, in training: below
                 return lag_bias_attention(q, k, v, table)
+        if (encoding.lag_rows is not None and span.is_global and not torch.is_grad_enabled()
+                and lag_is_index_difference(pos)):
+            rows = encoding.lag_rows(q, k, pos, layer)
+            if rows is not None:
+                return lag_rows_attention(rows[0], k, v, rows[1])
     # no score hook is a zero bias: a local span's blocks run as fused SDPA with its mask
     additive = ((score_mod is None or encoding.additive_score_mod) and row_mod is None
                 and value_mod is None)

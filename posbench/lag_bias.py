@@ -1,13 +1,13 @@
-"""Causal attention under a bias that depends on the head and the lag alone, on CPU: fused SDPA
-per block of queries, its mask a strided view of one (H, lags) table, so no mask is ever built.
+"""Causal attention under a bias laid out by lag, on CPU: fused SDPA per block of queries, its
+mask a strided view of a table indexed by (query row, lag), so that no (query, key) mask is built.
 
-A bias b_h(i - j) is constant along the diagonals of the (query, key) square. With the keys in
-reverse order, row r of a block of n queries that starts at sequence index s (query s + r) meets
-reversed key j' (key s + n - 1 - j') at lag r + j' - (n - 1): the block's mask is
-padded[h, r + j' + ROWS - n], a view with strides (1, 1) over the rows and keys of the table of
-lags 0..T-1 after ROWS - 1 entries of -inf, the future keys. Its cost over RoPE's causal kernel is
-the upper triangle of each diagonal block, which a float mask makes SDPA compute, ROWS/T of the
-work, and the mask's reads, which stay in cache.
+With the keys in reverse order, row r of a block of n queries that ends at sequence index e
+(query e - n + r) meets reversed key j' (key e - 1 - j') at lag r + j' - (n - 1). So a table
+whose column m holds lag m - (n - 1) gives the block's mask as the view [r, r + j']: strides
+(1, 1) when the bias depends on the lag alone (one table for every row: lag_bias_attention), or
+(W + 1, 1) for a table of W lags per row (lag_rows_attention). Columns of negative lags, the
+future keys, hold -inf. The cost over RoPE's causal kernel is the upper triangle of each diagonal
+block, which a float mask makes SDPA compute, ROWS/T of the work.
 """
 from __future__ import annotations
 
@@ -21,15 +21,19 @@ import torch.nn.functional as F
 ROWS = 256
 
 
+def lag_is_index_difference(pos: torch.Tensor) -> bool:
+    """Whether every sequence's positions step by one, so that pos_i - pos_j = i - j."""
+    steps = pos[:, 1:] - pos[:, :-1]
+    return bool((steps == 1).all())
+
+
 def lag_table(score_mod: Callable, pos: torch.Tensor, n_head: int,
               dtype: torch.dtype) -> Optional[torch.Tensor]:
     """(H, T) the bias at lags 0..T-1, from the score_mod on one query row (the last, which sees
     them all), when every sequence has the same unit-step positions, so that lag = i - j; None
     otherwise (the caller then builds each block's mask from the score_mod)."""
     B, T = pos.shape
-    row = pos[0]
-    if not (B == 1 or pos.stride(0) == 0) or not torch.equal(row - row[0],
-                                                            torch.arange(T, device=row.device)):
+    if not (B == 1 or pos.stride(0) == 0) or not lag_is_index_difference(pos[:1]):
         return None
     device = pos.device
     index = torch.zeros((1, 1, 1, 1), dtype=torch.long, device=device)
@@ -46,12 +50,41 @@ def lag_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     B, H, T, _ = q.shape
     rows = min(ROWS, T)
     padded = torch.cat((table.new_full((H, rows - 1), float("-inf")), table), dim=1)
+
+    def mask(start, n, end):
+        return padded.as_strided((B, H, n, end), (0, padded.stride(0), 1, 1), rows - n)
+
+    return _by_blocks(q, k, v, mask)
+
+
+def lag_rows_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       rows_at: Callable) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) + b(i, i - j), causal) v for q, k, v (B, H, T, d), where
+    rows_at(start, n, lags) is the bias of queries start..start+n-1 at each of `lags` (a long
+    tensor, negative lags included: their values are replaced by -inf), (B or 1, H, n,
+    len(lags)), a fresh tensor."""
+    B, H, T, _ = q.shape
+
+    def mask(start, n, end):
+        table = rows_at(start, n, torch.arange(1 - n, end, device=q.device)).contiguous()
+        table[..., :n - 1] = float("-inf")  # the future keys
+        table = table.expand(B, H, n, table.shape[-1])
+        return table.as_strided((B, H, n, end), (table.stride(0), table.stride(1),
+                                                 table.stride(2) + 1, 1))
+
+    return _by_blocks(q, k, v, mask)
+
+
+def _by_blocks(q, k, v, mask_at):
+    """One SDPA call per block of ROWS queries against their causal prefix of keys, reversed;
+    mask_at(start, n, end) -> (B, H, n, end) the block's mask in that key order."""
+    T = q.shape[2]
+    rows = min(ROWS, T)
     k, v = k.flip(2), v.flip(2)
     outputs = []
     for start in range(0, T, rows):
         end = min(T, start + rows)
-        n = end - start
-        mask = padded.as_strided((B, H, n, end), (0, padded.stride(0), 1, 1), rows - n)
         outputs.append(F.scaled_dot_product_attention(q[:, :, start:end], k[:, :, T - end:],
-                                                      v[:, :, T - end:], attn_mask=mask))
+                                                      v[:, :, T - end:],
+                                                      attn_mask=mask_at(start, end - start, end)))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)

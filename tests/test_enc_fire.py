@@ -6,6 +6,7 @@ import torch
 
 import posbench
 import posbench.attention as attention
+import posbench.lag_bias as lag_bias
 from posbench.attention import attend, blockwise_attention
 
 from helpers import assert_matches_reference, assert_shift_invariant
@@ -99,11 +100,13 @@ def reference_attention(q, k, v, mlp, stride, init_L):
     return torch.softmax(s.masked_fill(j > i, float("-inf")), -1) @ v
 
 
-@pytest.mark.parametrize("shared", [True, False])
-def test_evaluation_reads_f_from_its_lines(shared, monkeypatch):
+@pytest.mark.parametrize("shared, steps", [(True, [1, 1]), (False, [1, 1]), (True, [2, 2]),
+                                           (False, [2, 3])])
+def test_evaluation_reads_f_from_its_lines(shared, steps, monkeypatch):
     """Without a gradient, the CPU path evaluates f as the line it is between its breakpoints
     (FireMLP.lines), never unit by unit: the same attention as the float64 reference, with a
-    unit that never bends (w1 = 0) and breakpoints inside and outside the range of x."""
+    unit that never bends (w1 = 0) and breakpoints inside and outside the range of x; by query
+    row and lag (lag_rows) where positions step by one, else through the score_mod."""
     enc = build("model.n_head=3", "model.d_model=48", "encoding.init_L=20").encoding.double()
     mlp = enc.mlps[1]
     with torch.no_grad():
@@ -113,11 +116,12 @@ def test_evaluation_reads_f_from_its_lines(shared, monkeypatch):
     B, H, T, d = 2, 3, 40, 16
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(B, H, T, d, generator=g, dtype=torch.float64) for _ in range(3))
-    stride = torch.tensor([2, 2]) if shared else torch.tensor([2, 3])
-    pos = torch.arange(T) * stride.view(B, 1) + 7
+    stride = torch.tensor(steps)
+    pos = torch.arange(T) * stride.view(B, 1) + torch.tensor([[7], [7 if shared else 1000]])
     if shared:
         pos = pos[:1].expand(B, T)
     monkeypatch.setattr(attention, "BLOCK_ELEMENTS", B * H * T * 16)  # three blocks
+    monkeypatch.setattr(lag_bias, "ROWS", 16)
     with torch.no_grad():
         out = attend(q, k, v, pos, enc, 1)
     torch.testing.assert_close(out, reference_attention(q, k, v, mlp, stride, 20.0),

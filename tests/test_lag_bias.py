@@ -1,6 +1,6 @@
-"""posbench/lag_bias.py: attention under a bias of the head and the lag alone, read from one table
-of lags, against a dense float64 reference (forward and backward), and the flag
-(lag_only_bias) that sends an encoding there."""
+"""posbench/lag_bias.py: attention under a bias read from one table of lags (lag_only_bias) or
+from each block's table by query row and lag (the lag_rows hook), against a dense float64
+reference (forward and backward), and the flag and hook that send an encoding there."""
 import math
 
 import pytest
@@ -27,15 +27,17 @@ def encoding(name):
 
 
 LAG_ONLY = [name for name in sorted(registry()) if encoding(name).lag_only_bias]
+# encodings whose bias the CPU path reads by query row and lag at evaluation
+LAG_ROWS = [name for name in sorted(registry()) if encoding(name).lag_rows is not None]
 
 
 def grid(n):
     return torch.arange(n).view(1, 1, n, 1), torch.arange(n).view(1, 1, 1, n)
 
 
-def bias_on(enc, pos):
+def bias_on(enc, pos, q=None, k=None):
     """The score_mod's bias at every (b, h, i, j) of positions pos (B', n)."""
-    fn = enc.score_mod(None, None, pos, 0)
+    fn = enc.score_mod(q, k, pos, 0)
     b, h = torch.arange(pos.shape[0]).view(-1, 1, 1, 1), torch.arange(H).view(1, H, 1, 1)
     return fn(torch.zeros((), dtype=torch.float64), b, h, *grid(pos.shape[1]))
 
@@ -43,7 +45,7 @@ def bias_on(enc, pos):
 def dense_reference(q, k, v, enc, pos):
     """softmax(causal(q k^T / sqrt(d) + bias)) v over the full (B, H, T, T) scores."""
     q_idx, kv_idx = grid(q.shape[2])
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + bias_on(enc, pos)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + bias_on(enc, pos, q, k)
     return torch.softmax(scores.masked_fill(kv_idx > q_idx, float("-inf")), -1) @ v
 
 
@@ -108,6 +110,50 @@ def test_lag_table_only_for_one_unit_step_row():
     torch.testing.assert_close(table(torch.arange(9, 9 + T).unsqueeze(0)), expected)  # B = 1
     assert table(torch.arange(T).repeat(B, 1) + torch.tensor([[0], [7], [1000]])) is None
     assert table((2 * torch.arange(T)).expand(B, T)) is None
+
+
+def test_the_lag_rows_encodings():
+    assert {"fire", "transformer_xl"} <= set(LAG_ROWS)
+    assert all(encoding(name).additive_score_mod for name in LAG_ROWS)
+
+
+@pytest.mark.parametrize("offsets", [(5, 5, 5), (0, 7, 1000)], ids=["shared", "per-row"])
+@pytest.mark.parametrize("name", LAG_ROWS)
+def test_evaluation_by_query_row_and_lag_matches_the_dense_reference(name, offsets, monkeypatch):
+    """Blocks of 16 queries (the last one of 2), positions stepping by one from any offset: the
+    attention of the score_mod's bias; with positions that step by more, the path declines."""
+    monkeypatch.setattr(lag_bias, "ROWS", 16)
+    calls = []
+    monkeypatch.setattr(posbench.attention, "lag_rows_attention",
+                        lambda *a, f=lag_bias.lag_rows_attention: calls.append(1) or f(*a))
+    enc = encoding(name)
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(B, H, T, D, generator=g, dtype=torch.float64) for _ in range(3))
+    shift = torch.tensor(offsets).view(B, 1)
+    for step, taken in ((1, True), (2, False)):
+        pos = step * torch.arange(T) + shift
+        if len(set(offsets)) == 1:
+            pos = pos[:1].expand(B, T)  # the model's shared row
+        calls.clear()
+        with torch.no_grad():
+            out = attend(q, k, v, pos, enc, 0)
+            torch.testing.assert_close(out, dense_reference(q, k, v, enc, pos), rtol=1e-10,
+                                       atol=1e-10)
+        assert bool(calls) == taken
+
+
+def test_training_keeps_the_score_mod():
+    """The gradient of a learned bias goes through the blockwise path, not the lag rows."""
+    enc = encoding("transformer_xl")
+    q, k, v = (torch.randn(1, H, T, D, dtype=torch.float64, requires_grad=True)
+               for _ in range(3))
+    pos = torch.arange(T).expand(1, T)
+    out = attend(q, k, v, pos, enc, 0)
+    wrt = (q, k, v, enc.u, enc.v, enc.w_r)
+    grads = torch.autograd.grad(out.sum(), wrt)
+    ref = torch.autograd.grad(dense_reference(q, k, v, enc, pos).sum(), wrt)
+    for got, want in zip(grads, ref):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
 class LargestStorage(TorchDispatchMode):

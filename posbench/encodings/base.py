@@ -17,6 +17,15 @@ and never branch on its name. A hook left as None does nothing:
                                          always takes the blockwise path); q and k are the whole
                                          (B, H, T, d) heads; with reads_input also x=
 - value_mod(probs, pos, layer, q_idx, kv_idx) -> (B, H, Tq, d) added to the attention output
+- lag_rows(q, k, pos, layer) -> (q, fn) or None
+                                         optional, beside an additive score_mod: the same
+                                         attention for the CPU path at evaluation, where positions
+                                         step by one. q comes back with the terms that read keys
+                                         through their content folded in (Transformer-XL's u);
+                                         fn(start, n, lags) -> (B or 1, H, n, len(lags)) is the
+                                         rest of the bias of queries start..start+n-1 at each lag
+                                         of the long tensor `lags` (negative lags are future keys:
+                                         any finite value); None declines (posbench/lag_bias.py)
 - remap(q, k, pos, layer) -> (near_q, near_k, far_q, far_k, is_near)
                                          set only while an eval-time distance remap is (RoPE's
                                          rerope, self_extend, shifted_rope), with rotate None:
@@ -105,6 +114,7 @@ class PositionalEncoding(nn.Module):
     score_mod: Optional[Callable] = None
     row_mod: Optional[Callable] = None
     value_mod: Optional[Callable] = None
+    lag_rows: Optional[Callable] = None
     remap: Optional[Callable] = None
 
     def __init__(self, cfg, dims: Dims):

@@ -122,26 +122,36 @@ class FIRE(PositionalEncoding):
         self.mlps = nn.ModuleList(FireMLP(dims.n_head, cfg.width, cfg.init_c)
                                   for _ in range(dims.n_layer))
 
-    def score_mod(self, q, k, pos, layer):
+    def inputs(self, pos, layer):
+        """psi of every lag that occurs (lags,) and the normalizer of every query ((T,) for one
+        position row shared by the batch, else (B, T)): x = psi(lag) / normalizer."""
         mlp = self.mlps[layer]
         threshold = (mlp.l_mult * (self.cfg.init_L or self.dims.train_len)).abs()
-        # One position row for the batch (the usual expanded arange) makes the bias the same for
-        # every sequence: on the blockwise path the MLP then runs once, not batch-size times.
-        if pos.stride(0) == 0:
-            rows, at = pos[0], lambda table, b, idx: table[idx]
-        else:
-            rows, at = pos, lambda table, b, idx: table[b, idx]
-        # psi of every lag that occurs and the normalizer of every query, looked up per score:
-        # no learned 0-d tensor is captured (FlexAttention's backward fails on those,
-        # pytorch/pytorch#145208), and no log is taken per score
+        rows = pos[0] if pos.stride(0) == 0 else pos
         psi_lag = psi(torch.arange(longest_lag(pos) + 1, device=pos.device), mlp.c)
         span = (rows - rows[..., :1]).to(threshold.dtype)
-        normalizer = psi(torch.maximum(span, threshold), mlp.c) + EPS
+        return psi_lag, psi(torch.maximum(span, threshold), mlp.c) + EPS
+
+    def lines(self, pos, layer, psi_lag, normalizer):
+        """f as lines over the range of x, for evaluation on CPU; None where the unit sum runs
+        (FlexAttention on CUDA, and training, whose gradient flows through it)."""
+        mlp = self.mlps[layer]
+        if pos.is_cuda or (torch.is_grad_enabled() and mlp.w1.requires_grad):
+            return None
+        return mlp.lines(0.0, float(psi_lag.max() / normalizer.min()))
+
+    def score_mod(self, q, k, pos, layer):
+        mlp = self.mlps[layer]
+        # One position row for the batch (the usual expanded arange) makes the bias the same for
+        # every sequence: on the blockwise path the MLP then runs once, not batch-size times.
+        # psi of every lag and the normalizer of every query are looked up per score: no learned
+        # 0-d tensor is captured (FlexAttention's backward fails on those,
+        # pytorch/pytorch#145208), and no log is taken per score
+        psi_lag, normalizer = self.inputs(pos, layer)
+        at = ((lambda table, b, idx: table[idx]) if normalizer.dim() == 1 else
+              (lambda table, b, idx: table[b, idx]))
         lag_of = relative_lag(pos)
-        # on CPU without a gradient (evaluation), f is read from its lines over the range of
-        # x = psi(lag) / normalizer; FlexAttention (CUDA) and training keep the unit sum
-        lines = (None if pos.is_cuda or (torch.is_grad_enabled() and mlp.w1.requires_grad) else
-                 mlp.lines(0.0, float(psi_lag.max() / normalizer.min())))
+        lines = self.lines(pos, layer, psi_lag, normalizer)
 
         def fire(score, b, h, q_idx, kv_idx):
             # future keys (negative lag) are masked afterwards; clamp keeps the index valid
@@ -153,3 +163,17 @@ class FIRE(PositionalEncoding):
             return score + mlp(psi_lag[lag] / at(normalizer, b, q_idx), h)
 
         return fire
+
+    def lag_rows(self, q, k, pos, layer):
+        """At evaluation: f by query row and lag, x computed from the lags directly."""
+        psi_lag, normalizer = self.inputs(pos, layer)
+        lines = self.lines(pos, layer, psi_lag, normalizer)
+        if lines is None:
+            return None
+        queries = normalizer.view(-1, 1, normalizer.shape[-1], 1)  # (B or 1, 1, T, 1)
+
+        def rows(start, n, lags):
+            x = psi_lag[lags.clamp(min=0)] / queries[:, :, start:start + n]
+            return self.mlps[layer].piecewise(x, lines)
+
+        return q, rows

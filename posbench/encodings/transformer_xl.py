@@ -66,15 +66,20 @@ class TransformerXL(PositionalEncoding):
         self.v = nn.Parameter(torch.randn(H * d) * 0.02)
         self.w_r = nn.Parameter(torch.randn(dims.n_layer, H * d, D) * 0.02)
 
-    def score_mod(self, q, k, pos, layer):
+    def lag_terms(self, q, pos, layer):
+        """u and v (H, d), the lag keys W_R R_lag (H, d, lags) for every lag that occurs, and the
+        queries (q_i + v) / sqrt(d) that meet them, in fp32 at least."""
         H, d = q.shape[1], q.shape[3]
         dtype = torch.promote_types(q.dtype, torch.float32)
         u, v = self.u.view(H, d).to(dtype), self.v.view(H, d).to(dtype)
-        scale = 1 / math.sqrt(d)
-        key_bias = (k.to(dtype) @ u.unsqueeze(-1)).squeeze(-1) * scale  # term (c), (B, H, T)
         n_lags = longest_lag(pos) + 1
         keys = lag_keys(self.w_r[layer].to(dtype), n_lags, H).transpose(-1, -2)  # (H, d, lags)
-        queries = (q.to(dtype) + v.unsqueeze(1)) * scale  # (q_i + v) / sqrt(d), (B, H, T, d)
+        return u, keys, (q.to(dtype) + v.unsqueeze(1)) * (1 / math.sqrt(d))  # (B, H, T, d)
+
+    def score_mod(self, q, k, pos, layer):
+        u, keys, queries = self.lag_terms(q, pos, layer)
+        # term (c), (B, H, T)
+        key_bias = (k.to(u.dtype) @ u.unsqueeze(-1)).squeeze(-1) * (1 / math.sqrt(q.shape[3]))
         table = queries @ keys if whole_table(q) else None  # (B, H, T, lags)
         lag_of = relative_lag(pos)
 
@@ -89,3 +94,14 @@ class TransformerXL(PositionalEncoding):
             return score + key_bias[b, h, kv_idx] + position
 
         return transformer_xl
+
+    def lag_rows(self, q, k, pos, layer):
+        """Terms (b)+(d) by query row and lag, and (c) in the queries: (q_i + u) . k_j is (a)+(c),
+        the reference's own form."""
+        u, keys, queries = self.lag_terms(q, pos, layer)
+
+        def rows(start, n, lags):
+            return (queries[:, :, start:start + n] @ keys.index_select(-1, lags.clamp(min=0))
+                    ).to(q.dtype)
+
+        return (q + u.unsqueeze(1)).to(q.dtype), rows
