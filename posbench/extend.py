@@ -187,7 +187,7 @@ def plot_sweep(runs: List[dict], labels: dict, path: Path) -> bool:
     ax.set_ylabel("perplexity at the run's training length")
     ax.set_yscale("log")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside: labels are long
     save_figure(plt, fig, path)
     return True
 
