@@ -124,11 +124,14 @@ def attend(q, k, v, pos, encoding, layer, x=None, span: Span = GLOBAL):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         if q.is_cuda:  # the span's block mask skips the blocks it hides
             return flex_attention(q, k, v, score_mod, span)
-        if score_mod is not None and encoding.lag_only_bias and span.is_global:
+        # the lag tables' strided views are eager-only: a compiled graph (train.compile) fuses
+        # the blockwise mask instead
+        lags = span.is_global and not torch.compiler.is_compiling()
+        if score_mod is not None and encoding.lag_only_bias and lags:
             table = lag_table(score_mod, pos, q.shape[1], q.dtype)
             if table is not None and not table.requires_grad:  # learned, in training: below
                 return lag_bias_attention(q, k, v, table)
-        if (encoding.lag_rows is not None and span.is_global and not torch.is_grad_enabled()
+        if (encoding.lag_rows is not None and lags and not torch.is_grad_enabled()
                 and lag_is_index_difference(pos)):
             rows = encoding.lag_rows(q, k, pos, layer)
             if rows is not None:

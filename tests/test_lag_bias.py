@@ -142,6 +142,21 @@ def test_evaluation_by_query_row_and_lag_matches_the_dense_reference(name, offse
         assert bool(calls) == taken
 
 
+@pytest.mark.parametrize("name", ["alibi", "transformer_xl"])
+def test_a_compiled_graph_keeps_the_blockwise_path(name, monkeypatch):
+    """torch.compile cannot trace the tables' overlapping strided views: while compiling, the
+    attention takes the blockwise path (here with the compiler's flag set by hand)."""
+    for path in ("lag_bias_attention", "lag_rows_attention"):
+        monkeypatch.setattr(posbench.attention, path, lambda *a: pytest.fail("lag path"))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    enc = encoding(name)
+    q, k, v = (torch.randn(1, H, T, D, dtype=torch.float64) for _ in range(3))
+    pos = torch.arange(T).expand(1, T)
+    with torch.no_grad():
+        out = attend(q, k, v, pos, enc, 0)
+    torch.testing.assert_close(out, dense_reference(q, k, v, enc, pos), rtol=1e-10, atol=1e-10)
+
+
 def test_training_keeps_the_score_mod():
     """The gradient of a learned bias goes through the blockwise path, not the lag rows."""
     enc = encoding("transformer_xl")
