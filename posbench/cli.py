@@ -74,13 +74,16 @@ def _remove_if_empty(run_dir: Path) -> None:
 EVAL_RUN, EVAL_FOLDER = "posbench_eval_run", "posbench_eval_folder"
 
 
-def _record_refusal(run_dir: Path, err: ConfigError) -> None:
-    """A sweep's job refused at its start leaves the reason in its job dir, when that holds
-    nothing else, so that the sweep's report lists it (a single run refused leaves nothing)."""
-    if run_dir.is_dir() and all(p.name == REFUSED for p in run_dir.iterdir()):
+def _refused(run_dir: Path, err: PosbenchError, multirun: bool) -> None:
+    """A job refused at its start: a sweep's job dir keeps the reason when it holds nothing
+    else, so that the sweep's report lists it; a single run's empty dir is removed."""
+    if not multirun:
+        _remove_if_empty(run_dir)
+    elif run_dir.is_dir() and all(p.name == REFUSED for p in run_dir.iterdir()):
         write_json(run_dir / REFUSED, {"status": "refused", "error": str(err),
                                        "overrides": list(HydraConfig.get().overrides.task),
                                        "refused_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    _job_error(err, 2)
 
 
 # exit codes of this process's jobs that did not finish: a sweep goes on past them, and main()
@@ -160,11 +163,7 @@ def run_job(cfg: DictConfig, run_dir: Path, multirun: bool) -> None:
                 print(f"posbench: warning: {warning}")
         start = run.plan()
     except PosbenchError as err:
-        if multirun:
-            _record_refusal(run_dir, err)
-        else:
-            _remove_if_empty(run_dir)
-        return _job_error(err, 2)
+        return _refused(run_dir, err, multirun)
     except OSError as err:  # e.g. the data could not be read
         return _job_error(f"run {str(run_dir)!r} could not start: {one_line(err)}", 1)
     if main_rank:
@@ -463,11 +462,7 @@ def extend_app(cfg: DictConfig) -> None:
                               "being extended; expected a run dir of the extension's own")
         cfg = extension_config(cfg, parent, finished_results(parent)["config"], given)
     except PosbenchError as err:
-        if multirun:
-            _record_refusal(run_dir, err)
-        else:
-            _remove_if_empty(run_dir)
-        return _job_error(err, 2)
+        return _refused(run_dir, err, multirun)
     run_job(cfg, run_dir, multirun)
 
 
