@@ -311,7 +311,9 @@ def check(cfg: DictConfig) -> None:
 
     rename_saved_keys(cfg)
     try:
-        OmegaConf.merge(OmegaConf.structured(schema()), cfg)
+        # as plain data: a config pickled into a joblib worker comes back typed with the base
+        # Config class, which does not merge into the schema's per-evaluation subclass
+        OmegaConf.merge(OmegaConf.structured(schema()), OmegaConf.to_container(cfg))
     except Exception as err:  # omegaconf names the key and the expected type
         raise ConfigError(str(err).splitlines()[0]) from None
     _no_extra_keys(cfg, schema())

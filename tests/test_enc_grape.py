@@ -234,7 +234,9 @@ def test_grape_a_with_alibis_slopes_equals_alibi_and_alibi_as_group(n_head):
     with torch.no_grad():
         for pos in (None, torch.arange(50) + 300):
             expected = alibi(idx, pos=pos)
-            assert torch.equal(grape(idx, pos=pos), expected)  # ω = softplus(ρ) = 1 exactly
+            # ω = softplus(ρ) = 1 exactly; ALiBi's fixed bias takes the lag-table SDPA path, whose
+            # sums round differently from the generic score path's
+            torch.testing.assert_close(grape(idx, pos=pos), expected, rtol=0, atol=1e-6)
             torch.testing.assert_close(group(idx, pos=pos), expected, rtol=0, atol=1e-6)
 
 

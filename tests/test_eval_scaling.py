@@ -357,7 +357,7 @@ def test_evaluate_applies_the_options_past_the_training_length_only(stdlib_data,
     plain = curves["none", None]
     for key, curve in curves.items():
         assert curve[0]["loss"] == plain[0]["loss"], key  # length 32 = L: s = 1, kappa = 1
-        if key != ("none", False):
+        if key != ("none", None):
             assert curve[1]["loss"] != plain[1]["loss"], key
 
 
