@@ -121,7 +121,7 @@ def attend(q, k, v, pos, encoding, layer, x=None, span: Span = GLOBAL):
     score_mod, row_mod, value_mod = bound_hooks(q, k, pos, encoding, layer, x)
     if row_mod is None and value_mod is None:
         if score_mod is None and span.is_global:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return causal_sdpa(q, k, v)
         if q.is_cuda:  # the span's block mask skips the blocks it hides
             return flex_attention(q, k, v, score_mod, span)
         # the lag tables' strided views are eager-only: a compiled graph (train.compile) fuses
@@ -141,6 +141,16 @@ def attend(q, k, v, pos, encoding, layer, x=None, span: Span = GLOBAL):
                 and value_mod is None)
     return blockwise_attention(q, k, v, score_mod, row_mod, value_mod, additive=additive,
                                span=span)
+
+
+def causal_sdpa(q, k, v):
+    """Fused causal SDPA. A v narrower than q and k (PoPE's) is padded with zeros to their width
+    and the output cut back: SDPA's fused kernels take one width, and its fallback forms the
+    whole T x T scores (5x RoPE's time at 4096 on CPU)."""
+    width = v.shape[-1]
+    if width < q.shape[-1]:
+        v = F.pad(v, (0, q.shape[-1] - width))
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)[..., :width]
 
 
 def blockwise_attention(q, k, v, score_mod=None, row_mod=None, value_mod=None, additive=False,

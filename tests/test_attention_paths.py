@@ -86,6 +86,14 @@ def test_sdpa_path_forward_and_backward():
     assert_same_with_grads(out, dense_reference(q, k, v), (q, k, v))
 
 
+def test_sdpa_path_with_values_narrower_than_queries_and_keys():
+    """PoPE's q and k are twice v's width: v is padded for the fused kernel, the output cut."""
+    q, k, _ = inputs()
+    v = torch.randn(B, H, T, D // 2, dtype=torch.float64, requires_grad=True)
+    out = attention.causal_sdpa(q, k, v)
+    assert_same_with_grads(out, dense_reference(q, k, v), (q, k, v))
+
+
 @pytest.mark.parametrize("blocks", ["one", "several"])
 @pytest.mark.parametrize("additive", [False, True], ids=["dense-scores", "sdpa-mask"])
 @pytest.mark.parametrize("shared", [True, False], ids=["shared-pos", "per-row-pos"])
