@@ -13,6 +13,8 @@
                                    learned and in training
 - encoding.lag_rows, CPU eval   -> the same, the mask a strided view of each block's table of
                                    (query row, lag) (FIRE, Transformer-XL)
+- encoding.lag_decay, CPU eval  -> the same, each block's q and k scaled so that SDPA forms the
+                                   decayed scores (the group family's decay)
 - a remap (eval-time distance    -> blockwise, each block's logits picked per (query, key) from
   remaps of RoPE)                  two products, near and far (remapped_attention)
 Each layer's span (posbench/span.py) masks the keys outside it with the causal mask: FlexAttention's
@@ -30,8 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from posbench.lag_bias import (lag_bias_attention, lag_is_index_difference, lag_rows_attention,
-                               lag_table)
+from posbench.lag_bias import (decay_attention, lag_bias_attention, lag_is_index_difference,
+                               lag_rows_attention, lag_table)
 from posbench.span import GLOBAL, Span
 from posbench.temperature import Temperature
 
@@ -136,6 +138,9 @@ def attend(q, k, v, pos, encoding, layer, x=None, span: Span = GLOBAL):
             rows = encoding.lag_rows(q, k, pos, layer)
             if rows is not None:
                 return lag_rows_attention(rows[0], k, v, rows[1])
+        if (encoding.lag_decay is not None and lags and not torch.is_grad_enabled()
+                and lag_is_index_difference(pos)):
+            return decay_attention(q, k, v, encoding.lag_decay(layer))
     # no score hook is a zero bias: a local span's blocks run as fused SDPA with its mask
     additive = ((score_mod is None or encoding.additive_score_mod) and row_mod is None
                 and value_mod is None)

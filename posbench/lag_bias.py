@@ -51,10 +51,11 @@ def lag_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     rows = min(ROWS, T)
     padded = torch.cat((table.new_full((H, rows - 1), float("-inf")), table), dim=1)
 
-    def mask(start, n, end):
-        return padded.as_strided((B, H, n, end), (0, padded.stride(0), 1, 1), rows - n)
+    def block(q_rows, keys, values, start, n, end):
+        mask = padded.as_strided((B, H, n, end), (0, padded.stride(0), 1, 1), rows - n)
+        return F.scaled_dot_product_attention(q_rows, keys, values, attn_mask=mask)
 
-    return _by_blocks(q, k, v, mask)
+    return _by_blocks(q, k, v, block, rows)
 
 
 def lag_rows_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -62,29 +63,58 @@ def lag_rows_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """softmax(q k^T / sqrt(d) + b(i, i - j), causal) v for q, k, v (B, H, T, d), where
     rows_at(start, n, lags) is the bias of queries start..start+n-1 at each of `lags` (a long
     tensor, negative lags included: their values are replaced by -inf), (B or 1, H, n,
-    len(lags)), a fresh tensor."""
+    len(lags))."""
     B, H, T, _ = q.shape
 
-    def mask(start, n, end):
+    def block(q_rows, keys, values, start, n, end):
         table = rows_at(start, n, torch.arange(1 - n, end, device=q.device)).contiguous()
         table[..., :n - 1] = float("-inf")  # the future keys
         table = table.expand(B, H, n, table.shape[-1])
-        return table.as_strided((B, H, n, end), (table.stride(0), table.stride(1),
+        mask = table.as_strided((B, H, n, end), (table.stride(0), table.stride(1),
                                                  table.stride(2) + 1, 1))
+        return F.scaled_dot_product_attention(q_rows, keys, values, attn_mask=mask)
 
-    return _by_blocks(q, k, v, mask)
+    return _by_blocks(q, k, v, block, ROWS)
 
 
-def _by_blocks(q, k, v, mask_at):
-    """One SDPA call per block of ROWS queries against their causal prefix of keys, reversed;
-    mask_at(start, n, end) -> (B, H, n, end) the block's mask in that key order."""
+def decay_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    rates: torch.Tensor) -> torch.Tensor:
+    """softmax(causal((q k^T / sqrt(d)) e^{a_h (i - j)})) v for rates a (H,) <= 0. For a block of
+    queries from s the decay factors as e^{a (i - s)} e^{a (s - j)}: the block's queries and keys
+    are scaled by these, so SDPA forms the decayed scores itself, and the causal mask is the view
+    of a table of zeros. Rows are capped so that the largest key factor, e^{-a (n - 1)} for the
+    block's own keys, stays below e^60; key factors below e^-80 are set to 0, which changes a
+    logit by under 1e-34 of its score."""
+    B, H, T, _ = q.shape
+    steepest = float(-rates.min())
+    rows = min(ROWS, T, max(1, int(60 / steepest))) if steepest > 0 else min(ROWS, T)
+    zeros = torch.cat((q.new_full((H, rows - 1), float("-inf")), q.new_zeros(H, T)), dim=1)
+    exponents = rates.to(q.dtype).view(H, 1) * torch.arange(T, device=q.device, dtype=q.dtype)
+    # query row r of a block: e^{a r}; reversed key j' of a block of n rows (key s + n - 1 - j'):
+    # e^{a (j' + 1 - n)}, entry rows - n + j' of this table
+    query_factor = exponents.exp().unsqueeze(-1)  # (H, T, 1)
+    key_exponents = torch.cat((-exponents[:, 1:rows].flip(-1), exponents), dim=1)
+    key_factor = key_exponents.exp().masked_fill(key_exponents < -80, 0).unsqueeze(-1)
+
+    def block(q_rows, keys, values, start, n, end):
+        mask = zeros.as_strided((B, H, n, end), (0, zeros.stride(0), 1, 1), rows - n)
+        return F.scaled_dot_product_attention(
+            q_rows * query_factor[:, :n], keys * key_factor[:, rows - n:rows - n + end], values,
+            attn_mask=mask)
+
+    return _by_blocks(q, k, v, block, rows)
+
+
+def _by_blocks(q, k, v, block, rows):
+    """Causal attention one block of `rows` queries at a time against their prefix of keys, in
+    reverse order: block(q rows, keys, values, start, n, end) -> the rows' output, for the n
+    queries from sequence index start and the keys end-1 down to 0."""
     T = q.shape[2]
-    rows = min(ROWS, T)
+    rows = min(rows, T)
     k, v = k.flip(2), v.flip(2)
     outputs = []
     for start in range(0, T, rows):
         end = min(T, start + rows)
-        outputs.append(F.scaled_dot_product_attention(q[:, :, start:end], k[:, :, T - end:],
-                                                      v[:, :, T - end:],
-                                                      attn_mask=mask_at(start, end - start, end)))
+        outputs.append(block(q[:, :, start:end], k[:, :, T - end:], v[:, :, T - end:], start,
+                             end - start, end))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)

@@ -1,6 +1,7 @@
-"""posbench/lag_bias.py: attention under a bias read from one table of lags (lag_only_bias) or
-from each block's table by query row and lag (the lag_rows hook), against a dense float64
-reference (forward and backward), and the flag and hook that send an encoding there."""
+"""posbench/lag_bias.py: attention under a bias read from one table of lags (lag_only_bias), from
+each block's table by query row and lag (the lag_rows hook), or under a decay e^{a lag} through
+scaled queries and keys (the lag_decay hook), against a dense float64 reference (forward and
+backward), and the flag and hooks that send an encoding there."""
 import math
 
 import pytest
@@ -29,6 +30,8 @@ def encoding(name):
 LAG_ONLY = [name for name in sorted(registry()) if encoding(name).lag_only_bias]
 # encodings whose bias the CPU path reads by query row and lag at evaluation
 LAG_ROWS = [name for name in sorted(registry()) if encoding(name).lag_rows is not None]
+# encodings whose score_mod is a decay e^{a lag} alone
+LAG_DECAY = [name for name in sorted(registry()) if encoding(name).lag_decay is not None]
 
 
 def grid(n):
@@ -42,10 +45,16 @@ def bias_on(enc, pos, q=None, k=None):
     return fn(torch.zeros((), dtype=torch.float64), b, h, *grid(pos.shape[1]))
 
 
-def dense_reference(q, k, v, enc, pos):
-    """softmax(causal(q k^T / sqrt(d) + bias)) v over the full (B, H, T, T) scores."""
+def dense_reference(q, k, v, enc, pos, multiplies=False):
+    """softmax(causal(q k^T / sqrt(d) + bias)) v over the full (B, H, T, T) scores; with
+    `multiplies`, the score_mod applied to the scores themselves."""
     q_idx, kv_idx = grid(q.shape[2])
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + bias_on(enc, pos, q, k)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if multiplies:
+        b, h = torch.arange(q.shape[0]).view(-1, 1, 1, 1), torch.arange(H).view(1, H, 1, 1)
+        scores = enc.score_mod(q, k, pos, 0)(scores, b, h, q_idx, kv_idx)
+    else:
+        scores = scores + bias_on(enc, pos, q, k)
     return torch.softmax(scores.masked_fill(kv_idx > q_idx, float("-inf")), -1) @ v
 
 
@@ -155,6 +164,38 @@ def test_a_compiled_graph_keeps_the_blockwise_path(name, monkeypatch):
     with torch.no_grad():
         out = attend(q, k, v, pos, enc, 0)
     torch.testing.assert_close(out, dense_reference(q, k, v, enc, pos), rtol=1e-10, atol=1e-10)
+
+
+def test_the_decay_encodings():
+    assert {"decay", "damped_rope", "generator_learned"} <= set(LAG_DECAY)
+    assert "alibi_as_group" not in LAG_DECAY
+
+
+@pytest.mark.parametrize("steep", [False, True], ids=["retnet", "steep"])
+@pytest.mark.parametrize("offsets", [(5, 5, 5), (0, 7, 1000)], ids=["shared", "per-row"])
+@pytest.mark.parametrize("name", LAG_DECAY)
+def test_evaluation_with_scaled_queries_and_keys_matches_the_dense_reference(name, offsets, steep,
+                                                                             monkeypatch):
+    """Blocks of 16 queries, or of 60 / |a| when the decay is steeper (a = -5: blocks of 12, and
+    keys 17 and more rows back decay below e^-80): the attention of the score_mod."""
+    monkeypatch.setattr(lag_bias, "ROWS", 16)
+    calls = []
+    monkeypatch.setattr(posbench.attention, "decay_attention",
+                        lambda *a, f=lag_bias.decay_attention: calls.append(1) or f(*a))
+    enc = encoding(name)
+    if steep:
+        monkeypatch.setattr(enc, "lag_decay", lambda layer: torch.full((H,), -5.0))
+        monkeypatch.setattr(enc, "decay_rates", lambda: torch.full((H,), -5.0))
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(B, H, T, D, generator=g, dtype=torch.float64) for _ in range(3))
+    for step, taken in ((1, True), (2, False)):
+        pos = step * torch.arange(T) + torch.tensor(offsets).view(B, 1)
+        calls.clear()
+        with torch.no_grad():
+            out = attend(q, k, v, pos, enc, 0)
+            torch.testing.assert_close(out, dense_reference(q, k, v, enc, pos, multiplies=True),
+                                       rtol=1e-10, atol=1e-10)
+        assert bool(calls) == taken
 
 
 def test_training_keeps_the_score_mod():

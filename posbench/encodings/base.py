@@ -26,6 +26,11 @@ and never branch on its name. A hook left as None does nothing:
                                          rest of the bias of queries start..start+n-1 at each lag
                                          of the long tensor `lags` (negative lags are future keys:
                                          any finite value); None declines (posbench/lag_bias.py)
+- lag_decay(layer) -> (H,) rates a <= 0
+                                         optional: the score_mod is score * e^{a_h (pos_i - pos_j)}
+                                         and nothing else; the CPU path at evaluation, where
+                                         positions step by one, then scales q and k instead
+                                         (posbench/lag_bias.py)
 - remap(q, k, pos, layer) -> (near_q, near_k, far_q, far_k, is_near)
                                          set only while an eval-time distance remap is (RoPE's
                                          rerope, self_extend, shifted_rope), with rotate None:
@@ -115,6 +120,7 @@ class PositionalEncoding(nn.Module):
     row_mod: Optional[Callable] = None
     value_mod: Optional[Callable] = None
     lag_rows: Optional[Callable] = None
+    lag_decay: Optional[Callable] = None
     remap: Optional[Callable] = None
 
     def __init__(self, cfg, dims: Dims):

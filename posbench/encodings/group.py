@@ -208,6 +208,9 @@ class GroupPE(PositionalEncoding):
         # ALiBi's bias without decay only adds to the score: the CPU path may fuse it, and
         # reads it from one table of lags (a polynomial of the lag per head)
         self.additive_score_mod = self.lag_only_bias = cfg.alibi and cfg.decay == "none"
+        # decay alone multiplies the score by e^{a lag}: the CPU path scales q and k instead
+        if cfg.decay == "none" or cfg.alibi:
+            self.lag_decay = None
 
     def _init_decay(self, kind: str, n_head: int):
         rate = retnet_decay(n_head)
@@ -235,6 +238,9 @@ class GroupPE(PositionalEncoding):
         if self.decay_shift is None:
             return self.decay_rate
         return -F.softplus(self.decay_logit + self.decay_shift)
+
+    def lag_decay(self, layer: int) -> torch.Tensor:
+        return self.decay_rates()
 
     def rotate(self, q, k, pos, layer):
         if pos.stride(0) == 0:  # one position row shared by the batch: compute it once
