@@ -7,6 +7,8 @@ import sys
 
 import torch
 
+import posbench
+
 from posbench.cli import main
 
 
@@ -130,3 +132,20 @@ def wandb_history(run_file):
             rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
                          for item in record.history.item})
     return rows
+
+
+def tiny_model(*extra, name, seed=0):
+    """The GPT with encoding `name` at 2 layers of 64 wide, 4 heads, vocabulary 64, in eval mode."""
+    cfg = posbench.compose([f"encoding={name}", "model.n_layer=2", "model.d_model=64",
+                            "model.n_head=4", *extra])
+    torch.manual_seed(seed)
+    return posbench.build_model(cfg, vocab_size=64).eval()
+
+
+def assert_position_ids_are_never_read(model):
+    """The logits stay the same whatever position ids come with the tokens."""
+    idx = torch.randint(0, 64, (2, 48), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        base = model(idx)
+        for pos in (torch.arange(48) + 10**4, torch.randperm(48), torch.zeros(48).long()):
+            assert torch.equal(model(idx, pos=pos), base)

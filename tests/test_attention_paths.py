@@ -210,6 +210,18 @@ class LargestTensor(TorchDispatchMode):
         return out
 
 
+def largest_in_row_blocks(monkeypatch, encoding, reads_input=True, n=1024, H=4, d=16):
+    """(the most elements one tensor held while `encoding`'s layer 0 attended over n tokens in
+    blocks of 64 query rows, the elements of one block's scores)."""
+    block = H * n * 64
+    monkeypatch.setattr(attention, "BLOCK_ELEMENTS", block)
+    q, k, v = (torch.randn(1, H, n, d) for _ in range(3))
+    x = torch.randn(1, n, 64) if reads_input else None
+    with LargestTensor() as largest, torch.no_grad():
+        attend(q, k, v, torch.arange(n).expand(1, n), encoding, 0, x)
+    return largest.numel, block
+
+
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
 @pytest.mark.parametrize("additive", [False, True], ids=["dense-scores", "sdpa-mask"])
 @pytest.mark.parametrize("name", ["t5", "transformer_xl"])

@@ -1,5 +1,6 @@
 """FoX, the Forgetting Transformer (docs/encodings.md#contextual-family). The oracle sums
 log f_l over l = j+1..i term by term, in float64, independently of fox.py's running sum."""
+import functools
 import math
 
 import pytest
@@ -10,15 +11,11 @@ import posbench.attention as attention
 from posbench.attention import attend
 from posbench.encodings.alibi import alibi_slopes
 
-from helpers import assert_matches_reference
-from test_attention_paths import LargestTensor
+from helpers import assert_matches_reference, assert_position_ids_are_never_read, tiny_model
+from test_attention_paths import largest_in_row_blocks
 
 
-def build(*extra, name="fox", seed=0):
-    cfg = posbench.compose([f"encoding={name}", "model.n_layer=2", "model.d_model=64",
-                            "model.n_head=4", *extra])
-    torch.manual_seed(seed)
-    return posbench.build_model(cfg, vocab_size=64).eval()
+build = functools.partial(tiny_model, name="fox")
 
 
 def forget_bias(w, b, x):
@@ -127,12 +124,7 @@ def test_attend_without_the_input_is_refused():
 
 
 def test_position_ids_are_never_read():
-    model = build()
-    idx = torch.randint(0, 64, (2, 48), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        base = model(idx)
-        for pos in (torch.arange(48) + 10**4, torch.randperm(48), torch.zeros(48).long()):
-            assert torch.equal(model(idx, pos=pos), base)
+    assert_position_ids_are_never_read(build())
 
 
 def test_gate_weights_and_bias_start_as_the_reference_initializes_them():
@@ -155,15 +147,8 @@ def test_gate_parameters_receive_gradients():
 def test_memory_grows_with_length_not_its_square(monkeypatch):
     """At T = 1024 in blocks of 64 rows, no tensor holds more than one block's scores: the
     running sum is per token, (B, H, T)."""
-    n, H = 1024, 4
-    block = H * n * 64
-    monkeypatch.setattr(attention, "BLOCK_ELEMENTS", block)
-    enc = build().encoding
-    q, k, v = (torch.randn(1, H, n, 16) for _ in range(3))
-    x = torch.randn(1, n, 64)
-    with LargestTensor() as largest, torch.no_grad():
-        attend(q, k, v, torch.arange(n).expand(1, n), enc, 0, x)
-    assert largest.numel <= block
+    largest, block = largest_in_row_blocks(monkeypatch, build().encoding)
+    assert largest <= block
 
 
 def test_inspect_reads_the_gates_too():

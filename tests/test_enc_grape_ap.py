@@ -1,6 +1,7 @@
 """GRAPE-AP (docs/encodings.md#group-family). The oracle builds every edge potential and every
 path sum term by term in float64 from the paper's definition (explicit 2x2 rotations of the
 normalized probe, a Python sum over the edges j+1..t), independently of grape_ap.py."""
+import functools
 import math
 
 import pytest
@@ -11,17 +12,13 @@ import posbench.attention as attention
 from posbench.attention import attend
 from posbench.encodings.alibi import alibi_slopes
 
-from helpers import assert_matches_reference
-from test_attention_paths import LargestTensor
+from helpers import assert_matches_reference, tiny_model
+from test_attention_paths import largest_in_row_blocks
 
 F64 = torch.float64
 
 
-def build(*extra, name="grape_ap", seed=0):
-    cfg = posbench.compose([f"encoding={name}", "model.n_layer=2", "model.d_model=64",
-                            "model.n_head=4", *extra])
-    torch.manual_seed(seed)
-    return posbench.build_model(cfg, vocab_size=64).eval()
+build = functools.partial(tiny_model, name="grape_ap")
 
 
 def path_bias(W, x, pos, slopes):
@@ -166,15 +163,8 @@ def test_blockwise_path_matches_dense_float64_reference(blocks, monkeypatch):
 def test_memory_grows_with_length_not_its_square(monkeypatch):
     """At T = 1024 in blocks of 64 rows no tensor holds more than one block's scores: the probes
     are per token, (B, H, T, pd)."""
-    n, H = 1024, 4
-    block = H * n * 64
-    monkeypatch.setattr(attention, "BLOCK_ELEMENTS", block)
-    enc = build().encoding
-    q, k, v = (torch.randn(1, H, n, 16) for _ in range(3))
-    x = torch.randn(1, n, 64)
-    with LargestTensor() as largest, torch.no_grad():
-        attend(q, k, v, torch.arange(n).expand(1, n), enc, 0, x)
-    assert largest.numel <= block
+    largest, block = largest_in_row_blocks(monkeypatch, build().encoding)
+    assert largest <= block
 
 
 def test_probe_is_per_layer_and_head_with_the_reference_init_and_learns():

@@ -2,6 +2,7 @@
 reflections H_t = I - β_t w_t w_t^T in path order in float64, one query and one key at a time,
 and computes w and β from the input with an explicit loop for the causal convolution,
 independently of path.py's chunked UT transform."""
+import functools
 import math
 
 import pytest
@@ -13,17 +14,13 @@ import posbench.encodings.path as path_module
 from posbench.attention import attend
 from posbench.encodings.path import path_logits
 
-from helpers import assert_matches_reference
-from test_attention_paths import LargestTensor
+from helpers import assert_matches_reference, tiny_model
+from test_attention_paths import largest_in_row_blocks
 
 F64 = torch.float64
 
 
-def build(*extra, name="path", seed=0):
-    cfg = posbench.compose([f"encoding={name}", "model.n_layer=2", "model.d_model=64",
-                            "model.n_head=4", *extra])
-    torch.manual_seed(seed)
-    return posbench.build_model(cfg, vocab_size=64).eval()
+build = functools.partial(tiny_model, name="path")
 
 
 def dense_path_logits(q, k, w, beta):
@@ -169,14 +166,9 @@ def test_memory_grows_with_length_not_its_square(monkeypatch):
     """At T = 1024 in blocks of 64 rows no tensor holds more than one block's scores or the chunk
     tables, T x (CHUNK + d) per head: both grow with T, where the whole logits hold T^2."""
     n, H, d = 1024, 4, 16
-    block = H * n * 64
-    monkeypatch.setattr(attention, "BLOCK_ELEMENTS", block)
-    enc = build(name="path_fox").encoding
-    q, k, v = (torch.randn(1, H, n, d) for _ in range(3))
-    x = torch.randn(1, n, 64)
-    with LargestTensor() as largest, torch.no_grad():
-        attend(q, k, v, torch.arange(n).expand(1, n), enc, 0, x)
-    assert block <= largest.numel <= H * n * (path_module.CHUNK + d) < H * n * n / 8
+    largest, block = largest_in_row_blocks(monkeypatch, build(name="path_fox").encoding, n=n,
+                                           H=H, d=d)
+    assert block <= largest <= H * n * (path_module.CHUNK + d) < H * n * n / 8
 
 
 def test_parameters_per_layer_with_the_reference_init_and_they_learn():

@@ -1,27 +1,23 @@
 """Stick-breaking attention (docs/encodings.md#contextual-family). The oracle breaks the stick
 literally, one key at a time from the nearest to the farthest, in float64, independently of
 stick_breaking.py's sums of logs."""
+import functools
 import math
 
 import pytest
 import torch
 
-import posbench
 import posbench.attention as attention
 from posbench.attention import attend
 from posbench.encodings.stick_breaking import stick_breaking
 
-from helpers import assert_matches_reference
-from test_attention_paths import LargestTensor
+from helpers import assert_matches_reference, assert_position_ids_are_never_read, tiny_model
+from test_attention_paths import largest_in_row_blocks
 
 F64 = torch.float64
 
 
-def build(*extra, name="stick_breaking", seed=0):
-    cfg = posbench.compose([f"encoding={name}", "model.n_layer=2", "model.d_model=64",
-                            "model.n_head=4", *extra])
-    torch.manual_seed(seed)
-    return posbench.build_model(cfg, vocab_size=64).eval()
+build = functools.partial(tiny_model, name="stick_breaking")
 
 
 def broken_stick(z):
@@ -117,20 +113,9 @@ def test_the_first_token_returns_its_own_value():
 
 
 def test_position_ids_are_never_read():
-    model = build()
-    idx = torch.randint(0, 64, (2, 48), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        base = model(idx)
-        for pos in (torch.arange(48) + 10**4, torch.randperm(48), torch.zeros(48).long()):
-            assert torch.equal(model(idx, pos=pos), base)
+    assert_position_ids_are_never_read(build())
 
 
 def test_memory_grows_with_length_not_its_square(monkeypatch):
-    n, H = 1024, 4
-    block = H * n * 64
-    monkeypatch.setattr(attention, "BLOCK_ELEMENTS", block)
-    enc = build().encoding
-    q, k, v = (torch.randn(1, H, n, 16) for _ in range(3))
-    with LargestTensor() as largest, torch.no_grad():
-        attend(q, k, v, torch.arange(n).expand(1, n), enc, 0)
-    assert largest.numel <= block
+    largest, block = largest_in_row_blocks(monkeypatch, build().encoding, reads_input=False)
+    assert largest <= block
