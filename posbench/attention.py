@@ -15,6 +15,8 @@
                                    (query row, lag) (FIRE, Transformer-XL)
 - encoding.lag_decay, CPU eval  -> the same, each block's q and k scaled so that SDPA forms the
                                    decayed scores (the group family's decay)
+- encoding.key_bias, CPU eval   -> the same, a bias's key term as one more coordinate of the keys
+                                   (FoX)
 - a remap (eval-time distance    -> blockwise, each block's logits picked per (query, key) from
   remaps of RoPE)                  two products, near and far (remapped_attention)
 Each layer's span (posbench/span.py) masks the keys outside it with the causal mask: FlexAttention's
@@ -32,8 +34,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from posbench.lag_bias import (decay_attention, lag_bias_attention, lag_is_index_difference,
-                               lag_rows_attention, lag_table)
+from posbench.lag_bias import (decay_attention, key_bias_attention, lag_bias_attention,
+                               lag_is_index_difference, lag_rows_attention, lag_table)
 from posbench.span import GLOBAL, Span
 from posbench.temperature import Temperature
 
@@ -141,6 +143,9 @@ def attend(q, k, v, pos, encoding, layer, x=None, span: Span = GLOBAL):
         if (encoding.lag_decay is not None and lags and not torch.is_grad_enabled()
                 and lag_is_index_difference(pos)):
             return decay_attention(q, k, v, encoding.lag_decay(layer))
+        if encoding.key_bias is not None and lags and not torch.is_grad_enabled():
+            inputs = {"x": x} if encoding.reads_input else {}
+            return key_bias_attention(q, k, v, encoding.key_bias(q, k, pos, layer, **inputs))
     # no score hook is a zero bias: a local span's blocks run as fused SDPA with its mask
     additive = ((score_mod is None or encoding.additive_score_mod) and row_mod is None
                 and value_mod is None)

@@ -11,6 +11,7 @@ block, which a float mask makes SDPA compute, ROWS/T of the work.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional
 
 import torch
@@ -103,6 +104,32 @@ def decay_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             attn_mask=mask)
 
     return _by_blocks(q, k, v, block, rows)
+
+
+def key_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       key_term: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) + r_i + kappa_j, causal) v for kappa = key_term (B or 1, H, T): a
+    row term r_i does not change a softmax row, so each key carries kappa_j as one more
+    coordinate, and each query a 1 (v padded to that width, the output cut back). In a block
+    whose last key is e - 1 the coordinate is kappa_j - kappa_{e-1}, another row constant, which
+    keeps the keys near the queries, those that weigh, near 0 and exact."""
+    B, H, T, d = q.shape
+    scale = 1 / math.sqrt(d)
+    rows = min(ROWS, T)
+    zeros = torch.cat((q.new_full((H, rows - 1), float("-inf")), q.new_zeros(H, T)), dim=1)
+    ones = q.new_ones(B, H, T, 1)
+    q = torch.cat((q, ones), dim=-1)
+    v = F.pad(v, (0, 1))
+    kappa = key_term.to(q.dtype).expand(B, H, T).flip(-1).unsqueeze(-1)  # in the keys' order
+
+    def block(q_rows, keys, values, start, n, end):
+        coordinate = (kappa[:, :, T - end:] - kappa[:, :, T - end:T - end + 1]) / scale
+        mask = zeros.as_strided((B, H, n, end), (0, zeros.stride(0), 1, 1), rows - n)
+        return F.scaled_dot_product_attention(q_rows, torch.cat((keys, coordinate), dim=-1),
+                                              values, attn_mask=mask, scale=scale)
+
+    out = _by_blocks(q, k, v, block, rows)
+    return out[..., :d]
 
 
 def _by_blocks(q, k, v, block, rows):

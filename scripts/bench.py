@@ -195,7 +195,8 @@ def matmul_flops(device: torch.device) -> float:
     """FLOP/s of one large square matmul, the peak this run measures: fp32 n = 2048 on CPU
     (within 5% of n = 4096 on the 2-core machine of docs/benchmarks.md, at an eighth of the
     time), bf16 n = 8192 on CUDA."""
-    n, dtype, reps = (2048, torch.float32, 2) if device.type == "cpu" else (8192, torch.bfloat16, 20)
+    n, dtype, reps = ((2048, torch.float32, 2) if device.type == "cpu" else
+                      (8192, torch.bfloat16, 20))
     g = torch.Generator().manual_seed(0)
     a, b = (torch.randn(n, n, generator=g).to(device, dtype) for _ in range(2))
     a @ b

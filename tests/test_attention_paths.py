@@ -13,6 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import posbench
 import posbench.attention as attention
+import posbench.lag_bias as lag_bias
 from posbench.attention import attend, blockwise_attention
 from posbench.encodings import registry, transformer_xl
 
@@ -212,9 +213,11 @@ class LargestTensor(TorchDispatchMode):
 
 def largest_in_row_blocks(monkeypatch, encoding, reads_input=True, n=1024, H=4, d=16):
     """(the most elements one tensor held while `encoding`'s layer 0 attended over n tokens in
-    blocks of 64 query rows, the elements of one block's scores)."""
+    blocks of 64 query rows, the elements of one block's scores): the blockwise path and the
+    evaluation fast paths of posbench/lag_bias.py alike."""
     block = H * n * 64
     monkeypatch.setattr(attention, "BLOCK_ELEMENTS", block)
+    monkeypatch.setattr(lag_bias, "ROWS", 64)
     q, k, v = (torch.randn(1, H, n, d) for _ in range(3))
     x = torch.randn(1, n, 64) if reads_input else None
     with LargestTensor() as largest, torch.no_grad():

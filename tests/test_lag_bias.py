@@ -1,7 +1,8 @@
 """posbench/lag_bias.py: attention under a bias read from one table of lags (lag_only_bias), from
-each block's table by query row and lag (the lag_rows hook), or under a decay e^{a lag} through
-scaled queries and keys (the lag_decay hook), against a dense float64 reference (forward and
-backward), and the flag and hooks that send an encoding there."""
+each block's table by query row and lag (the lag_rows hook), under a decay e^{a lag} through
+scaled queries and keys (the lag_decay hook), or with a bias's key term as one more coordinate of
+the keys (the key_bias hook), against a dense float64 reference (forward and backward), and the
+flag and hooks that send an encoding there."""
 import math
 
 import pytest
@@ -10,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import posbench
 import posbench.lag_bias as lag_bias
-from posbench.attention import attend
+from posbench.attention import attend, blockwise_attention
 from posbench.encodings import registry
 
 B, H, T, D = 3, 4, 50, 8
@@ -32,20 +33,30 @@ LAG_ONLY = [name for name in sorted(registry()) if encoding(name).lag_only_bias]
 LAG_ROWS = [name for name in sorted(registry()) if encoding(name).lag_rows is not None]
 # encodings whose score_mod is a decay e^{a lag} alone
 LAG_DECAY = [name for name in sorted(registry()) if encoding(name).lag_decay is not None]
+# encodings whose bias is a row term and a key term
+KEY_BIAS = [name for name in sorted(registry()) if encoding(name).key_bias is not None]
+
+
+def layer_input(enc, dtype=torch.float64):
+    """x= (B, T, 32) for an encoding that reads the attention's input; nothing otherwise."""
+    if not enc.reads_input:
+        return {}
+    x = torch.randn(B, T, 32, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    return {"x": x.to(dtype)}
 
 
 def grid(n):
     return torch.arange(n).view(1, 1, n, 1), torch.arange(n).view(1, 1, 1, n)
 
 
-def bias_on(enc, pos, q=None, k=None):
+def bias_on(enc, pos, q=None, k=None, **inputs):
     """The score_mod's bias at every (b, h, i, j) of positions pos (B', n)."""
-    fn = enc.score_mod(q, k, pos, 0)
+    fn = enc.score_mod(q, k, pos, 0, **inputs)
     b, h = torch.arange(pos.shape[0]).view(-1, 1, 1, 1), torch.arange(H).view(1, H, 1, 1)
     return fn(torch.zeros((), dtype=torch.float64), b, h, *grid(pos.shape[1]))
 
 
-def dense_reference(q, k, v, enc, pos, multiplies=False):
+def dense_reference(q, k, v, enc, pos, multiplies=False, **inputs):
     """softmax(causal(q k^T / sqrt(d) + bias)) v over the full (B, H, T, T) scores; with
     `multiplies`, the score_mod applied to the scores themselves."""
     q_idx, kv_idx = grid(q.shape[2])
@@ -54,7 +65,7 @@ def dense_reference(q, k, v, enc, pos, multiplies=False):
         b, h = torch.arange(q.shape[0]).view(-1, 1, 1, 1), torch.arange(H).view(1, H, 1, 1)
         scores = enc.score_mod(q, k, pos, 0)(scores, b, h, q_idx, kv_idx)
     else:
-        scores = scores + bias_on(enc, pos, q, k)
+        scores = scores + bias_on(enc, pos, q, k, **inputs)
     return torch.softmax(scores.masked_fill(kv_idx > q_idx, float("-inf")), -1) @ v
 
 
@@ -196,6 +207,50 @@ def test_evaluation_with_scaled_queries_and_keys_matches_the_dense_reference(nam
             torch.testing.assert_close(out, dense_reference(q, k, v, enc, pos, multiplies=True),
                                        rtol=1e-10, atol=1e-10)
         assert bool(calls) == taken
+
+
+def test_the_key_bias_encodings():
+    assert {"fox"} <= set(KEY_BIAS)
+
+
+@pytest.mark.parametrize("name", KEY_BIAS)
+def test_the_bias_is_a_row_term_and_the_key_term(name):
+    """The hook's promise: bias(i, j) - kappa_j does not depend on j (keys j <= i)."""
+    enc = encoding(name)
+    pos = torch.arange(T).expand(B, T)
+    rest = bias_on(enc, pos, **layer_input(enc)) - enc.key_bias(None, None, pos, 0,
+                                                                  **layer_input(enc))[:, :, None]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    rows = rest.masked_fill(~causal, float("nan"))
+    first = rows[..., :1].expand_as(rows).masked_fill(~causal, float("nan"))
+    torch.testing.assert_close(rows, first, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", KEY_BIAS)
+def test_evaluation_with_the_key_term_as_a_coordinate_matches_the_dense_reference(name,
+                                                                                  monkeypatch):
+    """Blocks of 16 queries, gates that forget fast (log f about -3 a token, so the key term runs
+    to -150): the float64 reference; in fp32, no further from it than the score_mod's own
+    blockwise path (each block measures the key term from its own last key)."""
+    monkeypatch.setattr(lag_bias, "ROWS", 16)
+    calls = []
+    monkeypatch.setattr(posbench.attention, "key_bias_attention",
+                        lambda *a, f=lag_bias.key_bias_attention: calls.append(1) or f(*a))
+    enc = encoding(name)
+    with torch.no_grad():
+        enc.gate_bias.fill_(-3.0)
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(B, H, T, D, generator=g, dtype=torch.float64) for _ in range(3))
+    pos = torch.arange(T).expand(B, T)
+    with torch.no_grad():
+        ref = dense_reference(q, k, v, enc, pos, **layer_input(enc))
+        torch.testing.assert_close(attend(q, k, v, pos, enc, 0, **layer_input(enc)), ref,
+                                   rtol=1e-10, atol=1e-10)
+        q, k, v, enc = q.float(), k.float(), v.float(), enc.float()
+        x = layer_input(enc, torch.float32)
+        error = (attend(q, k, v, pos, enc, 0, **x).double() - ref).abs().max()
+        own = blockwise_attention(q, k, v, enc.score_mod(q, k, pos, 0, **x), additive=True)
+    assert calls and error <= 1.5 * (own.double() - ref).abs().max() + 1e-7
 
 
 def test_training_keeps_the_score_mod():

@@ -26,6 +26,12 @@ and never branch on its name. A hook left as None does nothing:
                                          rest of the bias of queries start..start+n-1 at each lag
                                          of the long tensor `lags` (negative lags are future keys:
                                          any finite value); None declines (posbench/lag_bias.py)
+- key_bias(q, k, pos, layer) -> (B or 1, H, T) kappa
+                                         optional, beside an additive score_mod whose bias is
+                                         r_i + kappa_j for a term r constant along each row (which
+                                         softmax ignores); with reads_input also x=. The CPU path
+                                         at evaluation then gives each key kappa_j as one more
+                                         coordinate (posbench/lag_bias.py)
 - lag_decay(layer) -> (H,) rates a <= 0
                                          optional: the score_mod is score * e^{a_h (pos_i - pos_j)}
                                          and nothing else; the CPU path at evaluation, where
@@ -121,6 +127,7 @@ class PositionalEncoding(nn.Module):
     value_mod: Optional[Callable] = None
     lag_rows: Optional[Callable] = None
     lag_decay: Optional[Callable] = None
+    key_bias: Optional[Callable] = None
     remap: Optional[Callable] = None
 
     def __init__(self, cfg, dims: Dims):

@@ -60,6 +60,10 @@ class FoX(PositionalEncoding):
                              self.gate_bias[layer].to(dtype))
         return F.logsigmoid(logit).transpose(1, 2)
 
+    def key_bias(self, q, k, pos, layer, *, x):
+        """-c_j: the bias c_i - c_j less its row term c_i."""
+        return -self.log_forget(x, layer).cumsum(-1)
+
     def score_mod(self, q, k, pos, layer, *, x):
         clock = self.log_forget(x, layer).cumsum(-1)  # c_t
 
