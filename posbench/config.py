@@ -17,6 +17,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
 from posbench import evaluations
 from posbench.data import check_dataset
+from posbench.data import registry as dataset_registry
 from posbench.errors import ConfigError, did_you_mean, require, require_positive
 from posbench.evaluations import EvalConfig
 
@@ -291,8 +292,8 @@ def _merged(defaults: dict, saved: dict) -> dict:
 
 def with_defaults(saved) -> DictConfig:
     """A saved run's config as the current schema reads it: renamed keys renamed, and every key
-    added to model, train, eval or logger since the run was saved at its default, which is what
-    the run did. So a run saved by an older posbench is still skipped or resumed by the same
+    added to model, train, eval, logger, its dataset or its encoding since the run was saved at
+    its default (the registered preset's value), which is what the run did. So a run saved by an older posbench is still skipped or resumed by the same
     command, and re-scored or extended with overrides of the new keys."""
     cfg = OmegaConf.create(saved if isinstance(saved, dict) else to_container(saved))
     rename_saved_keys(cfg)
@@ -301,6 +302,13 @@ def with_defaults(saved) -> DictConfig:
     for group in TYPED_GROUPS:
         if isinstance(tree.get(group), dict):
             tree[group] = _merged(defaults[group], tree[group])
+    from posbench.encodings import registry as encoding_registry
+
+    for group, registered in (("dataset", dataset_registry()), ("encoding", encoding_registry())):
+        node = tree.get(group)
+        if isinstance(node, dict) and "_target_" not in node and node.get("name") in registered:
+            preset = dataclasses.asdict(registered[node["name"]].config)
+            tree[group] = _merged(preset, node)
     return OmegaConf.create(tree)
 
 

@@ -189,7 +189,8 @@ def test_a_run_saved_before_newer_keys_existed_is_skipped_rescored_and_extended(
     # as an older posbench saved it: without keys that were added to the schema since
     config_file = old / ".hydra" / "config.yaml"
     cfg, record = yaml.safe_load(config_file.read_text()), results(old)
-    for group, key in [("eval", "temperature"), ("train", "eval_every"), ("model", "qk_norm")]:
+    for group, key in [("eval", "temperature"), ("train", "eval_every"), ("model", "qk_norm"),
+                       ("dataset", "bos"), ("encoding", "base")]:
         del cfg[group][key], record["config"][group][key]
     config_file.write_text(yaml.safe_dump(cfg))
     (old / "results.json").write_text(json.dumps(record))

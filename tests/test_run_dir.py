@@ -185,6 +185,18 @@ def test_a_full_disk_while_caching_tokens_leaves_no_partial_cache(tmp_path, monk
     assert os.listdir(tmp_path) == []
 
 
+def test_two_processes_caching_the_same_corpus_both_succeed(tmp_path):
+    """The second writer finds the first's finished cache in place of its rename: it keeps
+    that one (identical by fingerprint) and leaves no temporary folder."""
+    target = tmp_path / "corpus-0123"
+    docs = [np.arange(10, dtype=np.uint8)]
+    write_token_dir(target, docs, docs, 256, "sha256:0", "corpus")
+    first = (target / "meta.json").read_bytes()
+    write_token_dir(target, [np.arange(5, dtype=np.uint8)], docs, 256, "sha256:0", "corpus")
+    assert (target / "meta.json").read_bytes() == first
+    assert os.listdir(tmp_path) == ["corpus-0123"]
+
+
 def test_a_second_process_on_a_run_dir_is_refused_and_a_killed_owners_lock_taken_over(
         tmp_path, monkeypatch, capsys, stdlib_data):
     run_dir = tmp_path / "run"

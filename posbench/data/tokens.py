@@ -107,10 +107,12 @@ def write_token_dir(target: Path, train: Iterable[np.ndarray], val: Iterable[np.
                 "dtype": np.dtype(dtype).name, "train_docs": offsets["train"],
                 "val_docs": offsets["val"], "sha256": file_digest(tmp / "tokens.bin").hex()}
         (tmp / "meta.json").write_text(json.dumps(meta))
-        if target.exists():  # another process finished first; theirs is identical
-            shutil.rmtree(tmp)
-        else:
+        try:
             os.replace(tmp, target)
+        except OSError:
+            if not (target / "meta.json").exists():
+                raise
+            shutil.rmtree(tmp)  # another process finished first; theirs is identical
     except OSError as err:
         shutil.rmtree(tmp, ignore_errors=True)
         if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):  # a full disk, not a read
