@@ -114,13 +114,18 @@ def key_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     whose last key is e - 1 the coordinate is kappa_j - kappa_{e-1}, another row constant, which
     keeps the keys near the queries, those that weigh, near 0 and exact."""
     B, H, T, d = q.shape
+    dtype = q.dtype
+    # in fp32 under autocast too: the coordinate of a key 256 tokens back is tens of logits,
+    # which bf16 would round by a tenth of a logit
+    work = torch.promote_types(dtype, torch.float32)
+    q, k, v = q.to(work), k.to(work), v.to(work)
     scale = 1 / math.sqrt(d)
     rows = min(ROWS, T)
     zeros = torch.cat((q.new_full((H, rows - 1), float("-inf")), q.new_zeros(H, T)), dim=1)
     ones = q.new_ones(B, H, T, 1)
     q = torch.cat((q, ones), dim=-1)
     v = F.pad(v, (0, 1))
-    kappa = key_term.to(q.dtype).expand(B, H, T).flip(-1).unsqueeze(-1)  # in the keys' order
+    kappa = key_term.to(work).expand(B, H, T).flip(-1).unsqueeze(-1)  # in the keys' order
 
     def block(q_rows, keys, values, start, n, end):
         coordinate = (kappa[:, :, T - end:] - kappa[:, :, T - end:T - end + 1]) / scale
@@ -128,8 +133,9 @@ def key_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return F.scaled_dot_product_attention(q_rows, torch.cat((keys, coordinate), dim=-1),
                                               values, attn_mask=mask, scale=scale)
 
-    out = _by_blocks(q, k, v, block, rows)
-    return out[..., :d]
+    with torch.autocast(q.device.type, enabled=False):
+        out = _by_blocks(q, k, v, block, rows)
+    return out[..., :d].to(dtype)
 
 
 def _by_blocks(q, k, v, block, rows):
