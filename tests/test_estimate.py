@@ -67,11 +67,11 @@ def test_dry_run_lists_every_job_with_its_estimate_and_writes_nothing(tmp_path):
 
 
 def test_a_job_that_cannot_fit_is_refused_in_one_line_and_its_sweep_lists_it(tmp_path, toy):
-    cfg = posbench.compose(["train.seq_len=1000000"])  # model=tiny, batch 32: terabytes
+    cfg = posbench.compose(["train.seq_len=1000000"])  # model=tiny, batch 16: terabytes
     room, source = available_memory(torch.device("cpu"))
     assert 0 < room and source in ("MemAvailable", "under this cgroup's memory.max")
     line = refusal(cfg, estimate(cfg), room, source)
-    assert line.startswith("train.seq_len=1000000 is not accepted with train.batch_size=32")
+    assert line.startswith("train.seq_len=1000000 is not accepted with train.batch_size=16")
     os.environ[MEMORY_CHECK] = "0"
     try:
         assert refusal(cfg, estimate(cfg), room, source) is None

@@ -74,7 +74,7 @@ def test_train_help_is_posbenchs_and_names_every_option(tmp_path):
                 "logger"):
         assert re.search(rf"^{re.escape(key)} +\S", out, flags=re.M), key
     assert "posbench train -m " in out and "posbench eval RUN_DIR" in out
-    assert "posbench report " in out and "steps: 1000" in out  # examples, then the config
+    assert "posbench report " in out and "steps: 2000" in out  # examples, then the config
     assert not (tmp_path / "outputs").exists()
 
 
