@@ -13,9 +13,6 @@ from __future__ import annotations
 
 from posbench.encodings.base import PositionalEncoding, registry
 
-HOOKS = ("positions", "embed", "rotate", "score_mod", "row_mod", "value_mod", "remap")
-
-
 def switch_step(fraction: float, steps: int) -> int:
     """The first step that trains with the second encoding."""
     return round(fraction * steps)
@@ -58,10 +55,8 @@ class SwitchedEncoding(PositionalEncoding):
         self.switched = bool(state["switched"])
 
 
-for _hook in HOOKS:  # every hook is the active encoding's
-    setattr(SwitchedEncoding, _hook, property(lambda self, hook=_hook: getattr(self.active, hook)))
-for _flag in ("relative", "prefix_consistent", "rotary", "additive_score_mod", "reads_input"):
-    setattr(SwitchedEncoding, _flag, property(lambda self, flag=_flag: getattr(self.active, flag)))
+for _name in PositionalEncoding.HOOKS + PositionalEncoding.FLAGS:  # the active encoding's
+    setattr(SwitchedEncoding, _name, property(lambda self, name=_name: getattr(self.active, name)))
 
 
 def switched_encoding(encoding: PositionalEncoding, train_cfg, dims) -> PositionalEncoding:

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 import posbench
-from posbench.encodings import Dims
+from posbench.encodings import Dims, registry
 from posbench.encodings.binary import binary_table
 from posbench.encodings.integer import Integer, IntegerConfig
 from posbench.encodings.randomized import sorted_draws
@@ -325,3 +325,25 @@ def test_randomized_rejects_bad_values_in_one_line(override, message):
     with pytest.raises(posbench.ConfigError, match=message) as err:
         posbench.compose(["encoding=randomized", "train.seq_len=32", override])
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("base", [name for name in registry() if name != "randomized"])
+def test_randomized_at_plain_positions_is_its_base_and_trains_over_every_encoding(base):
+    """Over any registered base (those that read the attention's input, such as FoX, PaTH and
+    GRAPE-AP, included): the wrapper takes every hook and flag of its base, so at plain positions
+    its logits are the base's on the same weights, and a training step on random positions
+    gives finite gradients."""
+    shape = [*SMALL, "train.seq_len=32", "eval.lengths=[32,64]"]
+    plain = build(base, *shape)
+    wrapped = build("randomized", f"encoding.base={base}", "encoding.max_len=64", *shape)
+    weights = {k.replace("encoding.", "encoding.base.", 1) if k.startswith("encoding.") else k: v
+               for k, v in plain.state_dict().items()}
+    wrapped.load_state_dict(weights)
+    wrapped.encoding.set_eval_options(randomized_positions="plain")
+    idx = tokens(64, B=2) % 64
+    with torch.no_grad():
+        torch.testing.assert_close(wrapped(idx), plain(idx), rtol=0, atol=0)
+    wrapped.train()
+    wrapped(idx[:, :32], targets=idx[:, 1:33]).mean().backward()
+    grads = [p.grad for p in wrapped.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)

@@ -130,6 +130,12 @@ class PositionalEncoding(nn.Module):
     key_bias: Optional[Callable] = None
     remap: Optional[Callable] = None
 
+    # what an encoding that wraps another (randomized, a training-time switch) takes from it
+    HOOKS: ClassVar[Tuple[str, ...]] = ("positions", "embed", "rotate", "score_mod", "row_mod",
+                                        "value_mod", "lag_rows", "lag_decay", "key_bias", "remap")
+    FLAGS: ClassVar[Tuple[str, ...]] = ("relative", "prefix_consistent", "rotary",
+                                        "additive_score_mod", "lag_only_bias", "reads_input")
+
     def __init__(self, cfg, dims: Dims):
         super().__init__()
         self.cfg = cfg

@@ -27,7 +27,6 @@ import torch
 from posbench.errors import ConfigError
 from posbench.encodings.base import EncodingConfig, PositionalEncoding, register, registry
 
-HOOKS = ("embed", "rotate", "score_mod", "row_mod", "value_mod")
 # evaluation draws never depend on the run's seed: every run is scored at the same positions
 EVAL_SEED = 1
 
@@ -83,10 +82,18 @@ class Randomized(PositionalEncoding):
         # a learned base needs a row for every draw
         self.base = entry.cls(entry.config, dataclasses.replace(dims, max_len=max(dims.max_len,
                                                                                   cfg.max_len)))
-        self.relative = self.base.relative
-        self.prefix_consistent = self.base.prefix_consistent
-        for hook in HOOKS:
-            setattr(self, hook, getattr(self.base, hook))
+        # the base's hooks and flags, but positions of its own, and no rotation-only options:
+        # rotary stays the class's (check refuses rope_scaling for a base that does not rotate),
+        # and remaps are refused (rope_remaps)
+        for name in self.HOOKS + self.FLAGS:
+            if name not in ("positions", "remap", "rotary"):
+                setattr(self, name, getattr(self.base, name))
+
+    def at_layer(self, layer):
+        return self.base.at_layer(layer)  # a pattern's own encoding per layer
+
+    def attention_options(self, layer):
+        return self.base.attention_options(layer)  # a pattern's spans and temperatures
 
     def positions(self, pos):
         B, T = pos.shape
