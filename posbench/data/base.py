@@ -13,16 +13,15 @@ generated when asked for, TaskData). Nothing outside this package branches on a 
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, ClassVar, Dict, Optional, Protocol, Tuple
 
 import torch
-from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from posbench.data.tokenize import TOKENIZERS
 from posbench.errors import ConfigError, did_you_mean, require
+from posbench.registry import Entry, Registry
 
 if TYPE_CHECKING:
     from posbench.data.windows import EvalPlan
@@ -93,33 +92,17 @@ class Dataset:
                 f"one of {sorted(TOKENIZERS)}")
 
 
-@dataclass(frozen=True)
-class Entry:
-    name: str
-    cls: type
-    config: DatasetConfig
-    description: str
-
-
-_REGISTRY: Dict[str, Entry] = {}
+_REGISTRY = Registry(Dataset, group="dataset")
 
 
 def register(name: str, description: str, config: Optional[DatasetConfig] = None):
     """Class decorator: make `cls` available as `dataset=<name>` with default `config`
     (cls.Config() when omitted); `posbench list` shows the description."""
-
-    def wrap(cls):
-        assert issubclass(cls, Dataset), cls
-        node = dataclasses.replace(config or cls.Config(), name=name)
-        _REGISTRY[name] = Entry(name, cls, node, description)
-        ConfigStore.instance().store(group="dataset", name=name, node=node)
-        return cls
-
-    return wrap
+    return lambda cls: _REGISTRY.add(cls, name, description, config)
 
 
 def registry() -> Dict[str, Entry]:
-    return dict(sorted(_REGISTRY.items()))
+    return _REGISTRY.by_name()
 
 
 def dataset_class(dataset_cfg) -> type:

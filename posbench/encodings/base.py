@@ -48,16 +48,15 @@ positions as pos[b, q_idx], and lags through `relative_lag(pos)`.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Dict, Optional, Tuple
 
 import torch
-from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from torch import nn
 
 from posbench.errors import ConfigError, did_you_mean
+from posbench.registry import Entry, Registry
 
 FAMILIES = ("none", "absolute", "rotary", "group", "bias", "contextual", "hybrid")
 # the eval.* keys that evaluate() passes to set_eval_options, in its argument order
@@ -192,15 +191,7 @@ class PositionalEncoding(nn.Module):
         return {}
 
 
-@dataclass(frozen=True)
-class Entry:
-    name: str
-    cls: type
-    config: EncodingConfig
-    description: str
-
-
-_REGISTRY: Dict[str, Entry] = {}
+_REGISTRY = Registry(PositionalEncoding, group="encoding")
 
 
 def register(name: str, description: str, config: Optional[EncodingConfig] = None):
@@ -208,18 +199,14 @@ def register(name: str, description: str, config: Optional[EncodingConfig] = Non
     (cls.Config() when omitted). One class may be registered under several names (presets)."""
 
     def wrap(cls):
-        assert issubclass(cls, PositionalEncoding), cls
         assert cls.family in FAMILIES, (name, cls.family)
-        node = dataclasses.replace(config or cls.Config(), name=name)
-        _REGISTRY[name] = Entry(name, cls, node, description)
-        ConfigStore.instance().store(group="encoding", name=name, node=node)
-        return cls
+        return _REGISTRY.add(cls, name, description, config)
 
     return wrap
 
 
 def registry() -> Dict[str, Entry]:
-    return dict(sorted(_REGISTRY.items()))
+    return _REGISTRY.by_name()
 
 
 def encoding_class(enc_cfg: DictConfig) -> type:

@@ -12,7 +12,7 @@ length extensions of a trained RoPE model (docs/encodings.md#eval-time-options):
 """
 import math
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 

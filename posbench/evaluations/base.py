@@ -27,6 +27,7 @@ from omegaconf import OmegaConf
 
 from posbench.encodings.base import EVAL_OPTIONS
 from posbench.errors import ConfigError
+from posbench.registry import Entry, Registry
 
 
 @dataclass
@@ -145,14 +146,7 @@ class Section(Evaluation):
         ".eval-<change>" for a re-score's)."""
 
 
-@dataclass(frozen=True)
-class Entry:
-    name: str
-    cls: type
-    description: str
-
-
-_REGISTRY: Dict[str, Entry] = {}
+_REGISTRY = Registry(Evaluation)
 
 
 def register(name: str, description: str):
@@ -160,18 +154,17 @@ def register(name: str, description: str):
     eval.<name> (a Section); `posbench list` shows the description."""
 
     def wrap(cls):
-        assert issubclass(cls, Evaluation) and not cls.__dict__.get("name"), cls
+        assert not cls.__dict__.get("name"), cls
         cls.name, cls.description = name, description
         if issubclass(cls, Section):
             cls.key = name
-        _REGISTRY[name] = Entry(name, cls, description)
-        return cls
+        return _REGISTRY.add(cls, name, description)
 
     return wrap
 
 
 def registry() -> Dict[str, Entry]:
-    return dict(sorted(_REGISTRY.items()))
+    return _REGISTRY.by_name()
 
 
 def sections() -> List[type]:

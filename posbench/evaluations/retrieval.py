@@ -26,7 +26,6 @@ from typing import List, Optional
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 
 from posbench.data.base import dataset_class, dataset_config
 from posbench.data.tokenize import Tokenizer
