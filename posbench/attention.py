@@ -91,17 +91,23 @@ class CausalSelfAttention(nn.Module):
         return q, k, v
 
 
+def hook_inputs(encoding, x) -> dict:
+    """The keyword arguments beyond q, k, pos and layer that the encoding's hooks take: the
+    attention's input x where it reads it (reads_input), else none."""
+    if not encoding.reads_input:
+        return {}
+    if x is None:
+        hook = "score_mod" if encoding.score_mod is not None else "row_mod"
+        raise ValueError(f"{type(encoding).__name__}'s {hook} reads the attention's input: "
+                         "pass x")
+    return {"x": x}
+
+
 def bound_hooks(q, k, pos, encoding, layer, x=None):
     """The encoding's score_mod, row_mod and value_mod bound to these q, k and positions (and to
     the attention's input x where the encoding reads it), each None where the encoding has no
     such hook."""
-    inputs = {}
-    if encoding.reads_input:
-        if x is None:
-            hook = "score_mod" if encoding.score_mod is not None else "row_mod"
-            raise ValueError(f"{type(encoding).__name__}'s {hook} reads the attention's input: "
-                             "pass x")
-        inputs = {"x": x}
+    inputs = hook_inputs(encoding, x)
     score_mod = (encoding.score_mod(q, k, pos, layer, **inputs)
                  if encoding.score_mod is not None else None)
     row_mod = (functools.partial(encoding.row_mod, q=q, k=k, pos=pos, layer=layer, **inputs)
@@ -144,8 +150,8 @@ def attend(q, k, v, pos, encoding, layer, x=None, span: Span = GLOBAL):
                 and lag_is_index_difference(pos)):
             return decay_attention(q, k, v, encoding.lag_decay(layer))
         if encoding.key_bias is not None and lags and not torch.is_grad_enabled():
-            inputs = {"x": x} if encoding.reads_input else {}
-            return key_bias_attention(q, k, v, encoding.key_bias(q, k, pos, layer, **inputs))
+            return key_bias_attention(q, k, v, encoding.key_bias(q, k, pos, layer,
+                                                                 **hook_inputs(encoding, x)))
     # no score hook is a zero bias: a local span's blocks run as fused SDPA with its mask
     additive = ((score_mod is None or encoding.additive_score_mod) and row_mod is None
                 and value_mod is None)

@@ -296,8 +296,9 @@ def _merged(defaults: dict, saved: dict) -> dict:
 def with_defaults(saved) -> DictConfig:
     """A saved run's config as the current schema reads it: renamed keys renamed, and every key
     added to model, train, eval, logger, its dataset or its encoding since the run was saved at
-    its default (the registered preset's value), which is what the run did. So a run saved by an older posbench is still skipped or resumed by the same
-    command, and re-scored or extended with overrides of the new keys."""
+    its default (the registered preset's value), which is what the run did. So a run saved by an
+    older posbench is still skipped or resumed by the same command, and re-scored or extended
+    with overrides of the new keys."""
     cfg = OmegaConf.create(saved if isinstance(saved, dict) else to_container(saved))
     rename_saved_keys(cfg)
     defaults = OmegaConf.to_container(OmegaConf.structured(schema()))

@@ -44,17 +44,26 @@ def lag_table(score_mod: Callable, pos: torch.Tensor, n_head: int,
     return bias.to(dtype).expand(1, n_head, 1, T)[0, :, 0].flip(-1)
 
 
+def lag_masks(table: torch.Tensor, batch: int, rows: int) -> Callable:
+    """mask(n, end): the (batch, H, n, end) causal mask of a block of n queries against keys
+    end-1 .. 0, for a bias of lags 0..T-1 given as `table` (H, T), as a strided view of it
+    padded with the future keys' -inf: no block's mask is ever built."""
+    H = table.shape[0]
+    padded = torch.cat((table.new_full((H, rows - 1), float("-inf")), table), dim=1)
+    return lambda n, end: padded.as_strided((batch, H, n, end), (0, padded.stride(0), 1, 1),
+                                            rows - n)
+
+
 def lag_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        table: torch.Tensor) -> torch.Tensor:
     """softmax(q k^T / sqrt(d) + b_h(i - j), causal) v for q, k, v (B, H, T, d) and the bias of
     lags 0..T-1 as `table` (H, T)."""
     B, H, T, _ = q.shape
     rows = min(ROWS, T)
-    padded = torch.cat((table.new_full((H, rows - 1), float("-inf")), table), dim=1)
+    mask = lag_masks(table, B, rows)
 
     def block(q_rows, keys, values, start, n, end):
-        mask = padded.as_strided((B, H, n, end), (0, padded.stride(0), 1, 1), rows - n)
-        return F.scaled_dot_product_attention(q_rows, keys, values, attn_mask=mask)
+        return F.scaled_dot_product_attention(q_rows, keys, values, attn_mask=mask(n, end))
 
     return _by_blocks(q, k, v, block, rows)
 
@@ -89,7 +98,7 @@ def decay_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     B, H, T, _ = q.shape
     steepest = float(-rates.min())
     rows = min(ROWS, T, max(1, int(60 / steepest))) if steepest > 0 else min(ROWS, T)
-    zeros = torch.cat((q.new_full((H, rows - 1), float("-inf")), q.new_zeros(H, T)), dim=1)
+    mask = lag_masks(q.new_zeros(H, T), B, rows)
     exponents = rates.to(q.dtype).view(H, 1) * torch.arange(T, device=q.device, dtype=q.dtype)
     # query row r of a block: e^{a r}; reversed key j' of a block of n rows (key s + n - 1 - j'):
     # e^{a (j' + 1 - n)}, entry rows - n + j' of this table
@@ -98,10 +107,9 @@ def decay_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     key_factor = key_exponents.exp().masked_fill(key_exponents < -80, 0).unsqueeze(-1)
 
     def block(q_rows, keys, values, start, n, end):
-        mask = zeros.as_strided((B, H, n, end), (0, zeros.stride(0), 1, 1), rows - n)
         return F.scaled_dot_product_attention(
             q_rows * query_factor[:, :n], keys * key_factor[:, rows - n:rows - n + end], values,
-            attn_mask=mask)
+            attn_mask=mask(n, end))
 
     return _by_blocks(q, k, v, block, rows)
 
@@ -121,7 +129,7 @@ def key_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     q, k, v = q.to(work), k.to(work), v.to(work)
     scale = 1 / math.sqrt(d)
     rows = min(ROWS, T)
-    zeros = torch.cat((q.new_full((H, rows - 1), float("-inf")), q.new_zeros(H, T)), dim=1)
+    mask = lag_masks(q.new_zeros(H, T), B, rows)
     ones = q.new_ones(B, H, T, 1)
     q = torch.cat((q, ones), dim=-1)
     v = F.pad(v, (0, 1))
@@ -129,9 +137,8 @@ def key_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
     def block(q_rows, keys, values, start, n, end):
         coordinate = (kappa[:, :, T - end:] - kappa[:, :, T - end:T - end + 1]) / scale
-        mask = zeros.as_strided((B, H, n, end), (0, zeros.stride(0), 1, 1), rows - n)
         return F.scaled_dot_product_attention(q_rows, torch.cat((keys, coordinate), dim=-1),
-                                              values, attn_mask=mask, scale=scale)
+                                              values, attn_mask=mask(n, end), scale=scale)
 
     with torch.autocast(q.device.type, enabled=False):
         out = _by_blocks(q, k, v, block, rows)
