@@ -15,7 +15,7 @@
                                    (query row, lag) (FIRE, Transformer-XL)
 - encoding.lag_decay, CPU eval  -> the same, each block's q and k scaled so that SDPA forms the
                                    decayed scores (the group family's decay)
-- encoding.key_bias, CPU eval   -> the same, a bias's key term as one more coordinate of the keys
+- encoding.bias_factors, CPU eval -> the same, a low-rank bias as more coordinates of q and k
                                    (FoX)
 - a remap (eval-time distance    -> blockwise, each block's logits picked per (query, key) from
   remaps of RoPE)                  two products, near and far (remapped_attention)
@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from posbench.lag_bias import (decay_attention, key_bias_attention, lag_bias_attention,
+from posbench.lag_bias import (decay_attention, factored_bias_attention, lag_bias_attention,
                                lag_is_index_difference, lag_rows_attention, lag_table)
 from posbench.span import GLOBAL, Span
 from posbench.temperature import Temperature
@@ -149,9 +149,9 @@ def attend(q, k, v, pos, encoding, layer, x=None, span: Span = GLOBAL):
         if (encoding.lag_decay is not None and lags and not torch.is_grad_enabled()
                 and lag_is_index_difference(pos)):
             return decay_attention(q, k, v, encoding.lag_decay(layer))
-        if encoding.key_bias is not None and lags and not torch.is_grad_enabled():
-            return key_bias_attention(q, k, v, encoding.key_bias(q, k, pos, layer,
-                                                                 **hook_inputs(encoding, x)))
+        if encoding.bias_factors is not None and lags and not torch.is_grad_enabled():
+            return factored_bias_attention(q, k, v, encoding.bias_factors(
+                q, k, pos, layer, **hook_inputs(encoding, x)))
     # no score hook is a zero bias: a local span's blocks run as fused SDPA with its mask
     additive = ((score_mod is None or encoding.additive_score_mod) and row_mod is None
                 and value_mod is None)

@@ -114,35 +114,34 @@ def decay_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return _by_blocks(q, k, v, block, rows)
 
 
-def key_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       key_term: torch.Tensor) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d) + r_i + kappa_j, causal) v for kappa = key_term (B or 1, H, T): a
-    row term r_i does not change a softmax row, so each key carries kappa_j as one more
-    coordinate, and each query a 1 (v padded to that width, the output cut back). In a block
-    whose last key is e - 1 the coordinate is kappa_j - kappa_{e-1}, another row constant, which
-    keeps the keys near the queries, those that weigh, near 0 and exact."""
+def factored_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            factors: Callable) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) + r_i + a_i . b_j, causal) v for a bias of low rank R beside a
+    row term r that a softmax ignores: factors(o) -> (a, b), each (B or 1, H, T, R), measured
+    from sequence index o. Each query carries a_i and each key b_j as R more coordinates (v
+    padded to that width, the output cut back), so fused SDPA forms the biased scores with no
+    mask of the tokens. Each block takes its factors from its own last key, so that the keys
+    near its queries, those that weigh, hold coordinates near 0 and their bias exact."""
     B, H, T, d = q.shape
     dtype = q.dtype
-    # in fp32 under autocast too: the coordinate of a key 256 tokens back is tens of logits,
+    # in fp32 under autocast too: a coordinate of a key 256 tokens back is tens of logits,
     # which bf16 would round by a tenth of a logit
     work = torch.promote_types(dtype, torch.float32)
     q, k, v = q.to(work), k.to(work), v.to(work)
     scale = 1 / math.sqrt(d)
     rows = min(ROWS, T)
     mask = lag_masks(q.new_zeros(H, T), B, rows)
-    ones = q.new_ones(B, H, T, 1)
-    q = torch.cat((q, ones), dim=-1)
-    v = F.pad(v, (0, 1))
-    kappa = key_term.to(work).expand(B, H, T).flip(-1).unsqueeze(-1)  # in the keys' order
 
     def block(q_rows, keys, values, start, n, end):
-        coordinate = (kappa[:, :, T - end:] - kappa[:, :, T - end:T - end + 1]) / scale
-        return F.scaled_dot_product_attention(q_rows, torch.cat((keys, coordinate), dim=-1),
-                                              values, attn_mask=mask(n, end), scale=scale)
+        a, b = (f.to(work).expand(B, H, T, f.shape[-1]) for f in factors(end - 1))
+        q_rows = torch.cat((q_rows, a[:, :, start:end]), dim=-1)
+        keys = torch.cat((keys, b[:, :, :end].flip(2) / scale), dim=-1)
+        return F.scaled_dot_product_attention(q_rows, keys, F.pad(values, (0, a.shape[-1])),
+                                              attn_mask=mask(n, end), scale=scale)[..., :d]
 
     with torch.autocast(q.device.type, enabled=False):
         out = _by_blocks(q, k, v, block, rows)
-    return out[..., :d].to(dtype)
+    return out.to(dtype)
 
 
 def _by_blocks(q, k, v, block, rows):

@@ -1,7 +1,7 @@
 """posbench/lag_bias.py: attention under a bias read from one table of lags (lag_only_bias), from
 each block's table by query row and lag (the lag_rows hook), under a decay e^{a lag} through
-scaled queries and keys (the lag_decay hook), or with a bias's key term as one more coordinate of
-the keys (the key_bias hook), against a dense float64 reference (forward and backward), and the
+scaled queries and keys (the lag_decay hook), or with a low-rank bias as more coordinates of the
+queries and keys (the bias_factors hook), against a dense float64 reference (forward and backward), and the
 flag and hooks that send an encoding there."""
 import math
 
@@ -33,8 +33,8 @@ LAG_ONLY = [name for name in sorted(registry()) if encoding(name).lag_only_bias]
 LAG_ROWS = [name for name in sorted(registry()) if encoding(name).lag_rows is not None]
 # encodings whose score_mod is a decay e^{a lag} alone
 LAG_DECAY = [name for name in sorted(registry()) if encoding(name).lag_decay is not None]
-# encodings whose bias is a row term and a key term
-KEY_BIAS = [name for name in sorted(registry()) if encoding(name).key_bias is not None]
+# encodings whose bias is a row term and a low-rank term
+FACTORED = [name for name in sorted(registry()) if encoding(name).bias_factors is not None]
 
 
 def layer_input(enc, dtype=torch.float64):
@@ -209,48 +209,62 @@ def test_evaluation_with_scaled_queries_and_keys_matches_the_dense_reference(nam
         assert bool(calls) == taken
 
 
-def test_the_key_bias_encodings():
-    assert {"fox"} <= set(KEY_BIAS)
+def test_the_factored_bias_encodings():
+    assert {"fox", "grape_a"} <= set(FACTORED)
 
 
-@pytest.mark.parametrize("name", KEY_BIAS)
-def test_the_bias_is_a_row_term_and_the_key_term(name):
-    """The hook's promise: bias(i, j) - kappa_j does not depend on j (keys j <= i)."""
+@pytest.mark.parametrize("name", FACTORED)
+@pytest.mark.parametrize("origin", [0, 17, T - 1])
+def test_the_bias_is_a_row_term_and_the_factors_product(name, origin):
+    """The hook's promise: bias(i, j) - a_i . b_j does not depend on j (keys j <= i), from
+    any origin, on positions that start at an offset per sequence."""
     enc = encoding(name)
-    pos = torch.arange(T).expand(B, T)
-    rest = bias_on(enc, pos, **layer_input(enc)) - enc.key_bias(None, None, pos, 0,
-                                                                  **layer_input(enc))[:, :, None]
+    pos = torch.arange(T) + torch.tensor([0, 5, 300]).view(B, 1)
+    g = torch.Generator().manual_seed(3)
+    q, k = (torch.randn(B, H, T, D, generator=g, dtype=torch.float64) for _ in range(2))
+    a, b = enc.bias_factors(q, k, pos, 0, **layer_input(enc))(origin)
+    rest = bias_on(enc, pos, q, k, **layer_input(enc)) - a.expand(B, H, T, -1) @ b.expand(
+        B, H, T, -1).transpose(-1, -2)
     causal = torch.ones(T, T, dtype=torch.bool).tril()
     rows = rest.masked_fill(~causal, float("nan"))
     first = rows[..., :1].expand_as(rows).masked_fill(~causal, float("nan"))
     torch.testing.assert_close(rows, first, equal_nan=True)
 
 
-@pytest.mark.parametrize("name", KEY_BIAS)
-def test_evaluation_with_the_key_term_as_a_coordinate_matches_the_dense_reference(name,
-                                                                                  monkeypatch):
-    """Blocks of 16 queries, gates that forget fast (log f about -3 a token, so the key term runs
-    to -150): the float64 reference; in fp32, no further from it than the score_mod's own
-    blockwise path (each block measures the key term from its own last key)."""
+@pytest.mark.parametrize("name", FACTORED)
+def test_evaluation_with_the_factored_bias_matches_the_dense_reference(name, monkeypatch):
+    """Blocks of 16 queries and a bias that runs to -150 logits over the row (FoX's gates
+    forgetting about 3 nats a token, GRAPE-A's slopes times 5): the float64 reference; in fp32,
+    no further from it than the score_mod's own blockwise path, plus fp32's rounding of the row
+    term that the path leaves in the logits: each block measures the factors from its own last
+    key o, so that term is at most the bias across one block (FoX's c_i - c_o, GRAPE-A's
+    -ω m λ_q(q_i) (p_i - p_o))."""
     monkeypatch.setattr(lag_bias, "ROWS", 16)
     calls = []
-    monkeypatch.setattr(posbench.attention, "key_bias_attention",
-                        lambda *a, f=lag_bias.key_bias_attention: calls.append(1) or f(*a))
+    monkeypatch.setattr(posbench.attention, "factored_bias_attention",
+                        lambda *a, f=lag_bias.factored_bias_attention: calls.append(1) or f(*a))
     enc = encoding(name)
     with torch.no_grad():
-        enc.gate_bias.fill_(-3.0)
+        if hasattr(enc, "gate_bias"):
+            enc.gate_bias.fill_(-3.0)
+        if hasattr(enc, "slopes"):
+            enc.slopes.mul_(5)
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(B, H, T, D, generator=g, dtype=torch.float64) for _ in range(3))
     pos = torch.arange(T).expand(B, T)
     with torch.no_grad():
         ref = dense_reference(q, k, v, enc, pos, **layer_input(enc))
+        assert bias_on(enc, pos, q, k, **layer_input(enc)).tril().min() < -100
         torch.testing.assert_close(attend(q, k, v, pos, enc, 0, **layer_input(enc)), ref,
                                    rtol=1e-10, atol=1e-10)
         q, k, v, enc = q.float(), k.float(), v.float(), enc.float()
         x = layer_input(enc, torch.float32)
         error = (attend(q, k, v, pos, enc, 0, **x).double() - ref).abs().max()
         own = blockwise_attention(q, k, v, enc.score_mod(q, k, pos, 0, **x), additive=True)
-    assert calls and error <= 1.5 * (own.double() - ref).abs().max() + 1e-7
+        a, b = enc.bias_factors(q, k, pos, 0, **x)(lag_bias.ROWS - 1)  # the first block's
+        row_term = ((a * b).sum(-1) - bias_on(enc, pos, q, k, **x).diagonal(dim1=-2, dim2=-1))
+        rounding = torch.finfo(torch.float32).eps * row_term[..., :lag_bias.ROWS].abs().max()
+    assert calls and error <= 1.5 * (own.double() - ref).abs().max() + rounding + 1e-7
 
 
 def test_training_keeps_the_score_mod():

@@ -26,12 +26,13 @@ and never branch on its name. A hook left as None does nothing:
                                          rest of the bias of queries start..start+n-1 at each lag
                                          of the long tensor `lags` (negative lags are future keys:
                                          any finite value); None declines (posbench/lag_bias.py)
-- key_bias(q, k, pos, layer) -> (B or 1, H, T) kappa
-                                         optional, beside an additive score_mod whose bias is
-                                         r_i + kappa_j for a term r constant along each row (which
-                                         softmax ignores); with reads_input also x=. The CPU path
-                                         at evaluation then gives each key kappa_j as one more
-                                         coordinate (posbench/lag_bias.py)
+- bias_factors(q, k, pos, layer) -> fn  optional, beside an additive score_mod whose bias is
+                                         r_i + a_i . b_j, r constant along each row (which
+                                         softmax ignores) and a, b of low rank R; with
+                                         reads_input also x=. fn(o) -> (a, b), each (B or 1, H,
+                                         T, R), measured from sequence index o (small near it).
+                                         The CPU path at evaluation then gives each query a_i and
+                                         each key b_j as R more coordinates (posbench/lag_bias.py)
 - lag_decay(layer) -> (H,) rates a <= 0
                                          optional: the score_mod is score * e^{a_h (pos_i - pos_j)}
                                          and nothing else; the CPU path at evaluation, where
@@ -126,12 +127,13 @@ class PositionalEncoding(nn.Module):
     value_mod: Optional[Callable] = None
     lag_rows: Optional[Callable] = None
     lag_decay: Optional[Callable] = None
-    key_bias: Optional[Callable] = None
+    bias_factors: Optional[Callable] = None
     remap: Optional[Callable] = None
 
     # what an encoding that wraps another (randomized, a training-time switch) takes from it
     HOOKS: ClassVar[Tuple[str, ...]] = ("positions", "embed", "rotate", "score_mod", "row_mod",
-                                        "value_mod", "lag_rows", "lag_decay", "key_bias", "remap")
+                                        "value_mod", "lag_rows", "lag_decay", "bias_factors",
+                                        "remap")
     FLAGS: ClassVar[Tuple[str, ...]] = ("relative", "prefix_consistent", "rotary",
                                         "additive_score_mod", "lag_only_bias", "reads_input")
 

@@ -60,9 +60,11 @@ class FoX(PositionalEncoding):
                              self.gate_bias[layer].to(dtype))
         return F.logsigmoid(logit).transpose(1, 2)
 
-    def key_bias(self, q, k, pos, layer, *, x):
-        """-c_j: the bias c_i - c_j less its row term c_i."""
-        return -self.log_forget(x, layer).cumsum(-1)
+    def bias_factors(self, q, k, pos, layer, *, x):
+        """a_i = 1, b_j = c_o - c_j: the bias c_i - c_j less the row term c_i - c_o."""
+        clock = self.log_forget(x, layer).cumsum(-1).unsqueeze(-1)
+        ones = torch.ones_like(clock)
+        return lambda origin: (ones, clock[:, :, origin:origin + 1] - clock)
 
     def score_mod(self, q, k, pos, layer, *, x):
         clock = self.log_forget(x, layer).cumsum(-1)  # c_t

@@ -184,10 +184,34 @@ class GrapeA(PositionalEncoding):
             along = (x.to(dtype) @ unit.unsqueeze(-1)).squeeze(-1)
         return F.softplus(along / math.sqrt(x.shape[-1]))
 
-    def score_mod(self, q, k, pos, layer):
-        rate, lag_of = F.softplus(self.omega_logit[layer]) * self.slopes, relative_lag(pos)
+    def gates(self, q, k, layer):
+        """The rate ω_h m_h (H,) and the gates λ_q(q_i), λ_k(k_j) (B, H, T), None where unused."""
         query = None if self.query_gate is None else self.gate(q, self.query_gate[layer])
         key = None if self.key_gate is None else self.gate(k, self.key_gate[layer])
+        return F.softplus(self.omega_logit[layer]) * self.slopes, query, key
+
+    def bias_factors(self, q, k, pos, layer):
+        """-ω m (λ_q(q_i) + λ_k(k_j)) (p_i - p_j) with p measured from p_o, less its row term
+        -ω m λ_q(q_i) p_i: (ω m λ_q(q_i)) p_j, plus with a key gate (-ω m p_i) λ_k(k_j) and
+        1 · (ω m λ_k(k_j) p_j)."""
+        rate, query, key = self.gates(q, k, layer)
+        rate = rate.view(-1, 1)  # (H, 1)
+        query = rate if query is None else rate * query
+
+        def factors(origin):
+            p = (pos - pos[:, origin:origin + 1]).to(rate.dtype).unsqueeze(1)  # (B or 1, 1, T)
+            a, b = [query], [p]
+            if key is not None:
+                a += [-rate * p, torch.ones_like(key)]
+                b += [key, rate * key * p]
+            shape = torch.broadcast_shapes(*(t.shape for t in a + b))
+            return (torch.stack([t.expand(shape) for t in a], -1),
+                    torch.stack([t.expand(shape) for t in b], -1))
+
+        return factors
+
+    def score_mod(self, q, k, pos, layer):
+        (rate, query, key), lag_of = self.gates(q, k, layer), relative_lag(pos)
 
         def grape_a(score, b, h, q_idx, kv_idx):
             slope = rate[h]
