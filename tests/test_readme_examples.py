@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
 
 import posbench
 from posbench import data as datasets

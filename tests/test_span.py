@@ -165,7 +165,6 @@ def test_presets_are_three_local_rope_layers_to_one_global_nope_layer(preset, ki
         "RoPE", "RoPE", "RoPE", "NoPE"]
     sharpen(model)
     idx = torch.randint(0, 64, (1, 70), generator=torch.Generator().manual_seed(0))
-    i, j = torch.arange(70).view(70, 1), torch.arange(70).view(1, 70)
     visible = [lambda i, j: visible_by_definition(local, i, j)] * 3 + [None]
     # irope's NoPE layers: Llama 4's temperature, 1 + 0.1 ln(floor((i + 1) / L) + 1)
     floorlog = torch.tensor([1 + 0.1 * math.log((i + 1) // 64 + 1) for i in range(70)],
