@@ -21,6 +21,7 @@ text, keys of 1 to TRAIN_KEY_TOKENS tokens at uniform depths, drawn per (seed, s
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -368,7 +369,8 @@ def _heatmap(ax, retrieval: dict, key: str, train_len: int, vmax: float, title: 
     ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
     ax.set_xlabel(f"length (* training length {train_len})", fontsize=8)
     ax.set_ylabel("depth of the key", fontsize=8)
-    ax.set_title(title, fontsize=9)
+    # a re-score's label names every option it changed: wrapped, it stays over its own panel
+    ax.set_title("\n".join(textwrap.wrap(title, 48)), fontsize=9)
     return image
 
 
@@ -451,7 +453,8 @@ def plot_grid(runs: List[dict], labels: dict, path) -> bool:
     plt = pyplot()
     cols = min(3, len(first))
     rows = math.ceil(len(first) / cols)
-    fig, axes = plt.subplots(rows, cols, squeeze=False, figsize=(5 * cols, 3.4 * rows))
+    fig, axes = plt.subplots(rows, cols, squeeze=False, figsize=(5 * cols, 3.8 * rows),
+                             layout="constrained")
     vmax = _bits_range([run["eval"]["retrieval"] for run in first.values()])
     for ax, (label, run) in zip(axes.flat, first.items()):
         image = _heatmap(ax, run["eval"]["retrieval"], "bits_saved", run["train"]["seq_len"],
