@@ -131,17 +131,19 @@ def factored_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     scale = 1 / math.sqrt(d)
     rows = min(ROWS, T)
     mask = lag_masks(q.new_zeros(H, T), B, rows)
+    # v is padded once, to the factors' rank, rather than block by block
+    v = F.pad(v, (0, factors(T - 1)[0].shape[-1]))
 
     def block(q_rows, keys, values, start, n, end):
         a, b = (f.to(work).expand(B, H, T, f.shape[-1]) for f in factors(end - 1))
         q_rows = torch.cat((q_rows, a[:, :, start:end]), dim=-1)
         keys = torch.cat((keys, b[:, :, :end].flip(2) / scale), dim=-1)
-        return F.scaled_dot_product_attention(q_rows, keys, F.pad(values, (0, a.shape[-1])),
-                                              attn_mask=mask(n, end), scale=scale)[..., :d]
+        return F.scaled_dot_product_attention(q_rows, keys, values, attn_mask=mask(n, end),
+                                              scale=scale)
 
     with torch.autocast(q.device.type, enabled=False):
         out = _by_blocks(q, k, v, block, rows)
-    return out.to(dtype)
+    return out[..., :d].to(dtype)
 
 
 def _by_blocks(q, k, v, block, rows):

@@ -1,8 +1,8 @@
 """posbench/lag_bias.py: attention under a bias read from one table of lags (lag_only_bias), from
 each block's table by query row and lag (the lag_rows hook), under a decay e^{a lag} through
 scaled queries and keys (the lag_decay hook), or with a low-rank bias as more coordinates of the
-queries and keys (the bias_factors hook), against a dense float64 reference (forward and backward), and the
-flag and hooks that send an encoding there."""
+queries and keys (the bias_factors hook), against a dense float64 reference (forward and
+backward), and the flag and hooks that send an encoding there."""
 import math
 
 import pytest
