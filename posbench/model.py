@@ -10,6 +10,7 @@ from typing import List, Optional
 
 import torch
 import torch.nn.functional as F
+from omegaconf import DictConfig
 from torch import nn
 
 from posbench.attention import CausalSelfAttention, LayerAttention
