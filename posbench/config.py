@@ -70,8 +70,8 @@ class TrainConfig:
     compile: bool = False
     # fraction of training sequences replaced by passkey sequences in eval.retrieval's format,
     # drawn per (seed, step) (posbench/evaluations/retrieval.py): part of the training
-    # distribution. A tiny model trained on text alone never learns to copy; at 0.5 it does
-    # after 6000-8000 steps of a 16000-step run (docs/results.md, "Retrieval")
+    # distribution. A tiny model trained on text alone never learns to copy; at 0.5 RoPE does
+    # after 2000-8000 steps of a 16000-step run, by seed (docs/results.md, "Retrieval")
     retrieval_mix: float = 0.0
     # train with switch_encoding_to instead of the encoding from this fraction of train.steps on
     # (null: never): DroPE drops RoPE for nope for the last 1/8 (0.875); posbench/schedule.py
