@@ -35,7 +35,16 @@ def wrap(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
         return model
     from torch.nn.parallel import DistributedDataParallel
 
-    return DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+    from posbench.schedule import SwitchedEncoding
+
+    # Under a switch (train.switch_encoding_at) one of the two encodings takes no gradient in
+    # each phase. DDP then has to look for unused parameters at every step (a walk of the
+    # autograd graph, cheap beside the step); it leaves their gradients None, so AdamW leaves
+    # them alone, as in one process. Freezing them instead would need a new DDP (and a
+    # recompile) at the switch, as DDP's reducer does not follow requires_grad changes.
+    switched = isinstance(getattr(model, "encoding", None), SwitchedEncoding)
+    return DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None,
+                                   find_unused_parameters=switched)
 
 
 def shard(batch: torch.Tensor) -> torch.Tensor:
