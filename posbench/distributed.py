@@ -5,9 +5,17 @@ with the whole batch. Rank 0 alone writes files, logs and evaluates."""
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+
+# Rank 0 evaluates alone (train.eval_every, train.val_every, and the final evaluation before a
+# sweep's next job) while the other ranks wait in their next collective, which NCCL aborts after
+# its default 10 minutes. A rank that fails takes the others down through torchrun, so this long
+# limit only delays the report of a true hang.
+TIMEOUT = timedelta(hours=24)
 
 
 def world_size() -> int:
@@ -26,7 +34,7 @@ def setup(device: torch.device) -> torch.device:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=TIMEOUT)
     return device
 
 

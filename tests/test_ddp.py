@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from helpers import posbench_cli, results
+from posbench import distributed
 
 ARGS = ["train", "model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.steps=4",
         "train.batch_size=4", "train.seq_len=32", "train.warmup_steps=1", "eval.lengths=[32,64]",
@@ -50,3 +51,13 @@ def test_batch_not_divisible_by_processes_is_refused(tmp_path):
                            "--nproc_per_node=2", "--no-python", posbench, *args, "hydra.run.dir=r"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode != 0 and "train.batch_size=3" in proc.stdout + proc.stderr
+
+
+def test_the_process_group_outlasts_an_evaluation_on_rank_0(monkeypatch):
+    calls = []
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(distributed.dist, "init_process_group",
+                        lambda *args, **kwargs: calls.append(kwargs))
+    distributed.setup(torch.device("cpu"))
+    assert calls[0]["timeout"].total_seconds() >= 6 * 3600  # NCCL's default is 10 minutes
