@@ -1,7 +1,8 @@
 """One causal self-attention that asks the encoding for its hooks and picks the fastest exact path.
 
 - no score hook                 -> scaled_dot_product_attention(is_causal=True) (flash on GPU)
-- score_mod only, on CUDA       -> FlexAttention with a causal block mask (compiled)
+- score_mod only, on CUDA       -> FlexAttention with a causal block mask (compiled), unless a
+                                   gradient flows into the score_mod's tensors: blockwise
 - otherwise (CPU, row/value)    -> blockwise: query blocks against their causal key prefix, so
                                    memory grows with T x block, never T x T; in training each
                                    block is recomputed in backward (checkpoint) for the same bound.
@@ -43,6 +44,9 @@ from posbench.temperature import Temperature
 BLOCK_ELEMENTS = 1 << 24
 # query rows per step of BiasedAttention's backward (measured on CPU: 64 beats 32 and 128)
 BACKWARD_ROWS = 64
+# shapes FlexAttention is compiled for in one process: a study's training, validation, eval
+# lengths, retrieval and extension, with room to spare
+FLEX_SHAPES = 64
 # model.qk_norm's epsilon: the rms_norm_eps of the models DroPE recalibrates (Llama, SmolLM)
 QK_NORM_EPS = 1e-5
 
@@ -132,8 +136,8 @@ def attend(q, k, v, pos, encoding, layer, x=None, span: Span = GLOBAL):
     if row_mod is None and value_mod is None:
         if score_mod is None and span.is_global:
             return causal_sdpa(q, k, v)
-        if q.is_cuda:  # the span's block mask skips the blocks it hides
-            return flex_attention(q, k, v, score_mod, span)
+        if q.is_cuda and not _learns_through(score_mod, q):
+            return flex_attention(q, k, v, score_mod, span)  # its block mask skips hidden blocks
         # the lag tables' strided views are eager-only: a compiled graph (train.compile) fuses
         # the blockwise mask instead
         lags = span.is_global and not torch.compiler.is_compiling()
@@ -340,8 +344,10 @@ class BiasedAttention(torch.autograd.Function):
         grad_mask = torch.zeros_like(mask)
         # the batch and head dims the mask broadcasts over: its gradient sums over them
         broadcast = [i for i in (0, 1) if mask.shape[i] == 1 and q.shape[i] > 1]
-        for i in range(0, q.shape[2], BACKWARD_ROWS):
-            rows, keys = slice(i, i + BACKWARD_ROWS), slice(0, ctx.start + i + BACKWARD_ROWS)
+        # the chunks keep a CPU's cache warm; a GPU takes the block at once, fewer launches
+        step = BACKWARD_ROWS if q.device.type == "cpu" else q.shape[2]
+        for i in range(0, q.shape[2], step):
+            rows, keys = slice(i, i + step), slice(0, ctx.start + i + step)
             qc, dout = q[:, :, rows].contiguous(), grad_out[:, :, rows].contiguous()
             kc, vc = k[:, :, keys], v[:, :, keys]  # prefixes: contiguous batch by batch
             probs = (qc @ kc.transpose(-2, -1)).mul_(scale).add_(mask[:, :, rows, keys]).softmax(-1)
@@ -355,17 +361,39 @@ class BiasedAttention(torch.autograd.Function):
         return grad_q, grad_k, grad_v, grad_mask, None
 
 
+def _learns_through(score_mod, q) -> bool:
+    """Whether a gradient flows into tensors the score_mod captures (a learned bias, or one made
+    from the attention's input). FlexAttention's backward adds those gradients with one atomic
+    per score onto a few addresses: 48x slower than NoPE for T5 on an H100 (2026-11-25), not
+    reproducible run to run, and inductor refuses FIRE's and FoX's score_mods (a tensor that
+    needs a gradient, indexed twice). The blockwise path's backward is exact and deterministic."""
+    if score_mod is None or not torch.is_grad_enabled():
+        return False
+    zero = torch.zeros((), dtype=torch.long, device=q.device)
+    return score_mod(torch.zeros((), dtype=q.dtype, device=q.device), zero, zero, zero,
+                     zero).requires_grad
+
+
 @functools.lru_cache(maxsize=8)
 def _block_mask(T: int, device: str, span: Span):
+    return _compiled_block_mask()(span.mask_mod(), None, None, T, T, device=device)
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled_block_mask():
     from torch.nn.attention.flex_attention import create_block_mask
 
-    return create_block_mask(span.mask_mod(), None, None, T, T, device=device)
+    # uncompiled, it forms the whole T x T mask first (11 bytes a pair: 40 GiB at 65536 on an
+    # H100, 2026-11-25)
+    return torch.compile(create_block_mask, dynamic=True)
 
 
 @functools.lru_cache(maxsize=1)
 def _compiled_flex():
     from torch.nn.attention.flex_attention import flex_attention as flex
 
+    # static shapes: under dynamic ones the score_mods' captured tables take symbolic sizes,
+    # which half of them do not trace with (torch 2.13)
     return torch.compile(flex, dynamic=False)
 
 
@@ -380,4 +408,7 @@ def flex_attention(q, k, v, score_mod, span: Span = GLOBAL):
         mask = create_block_mask(span.mask_mod(), None, None, T, T, device=q.device)
         return flex(q, k, v, score_mod=score_mod, block_mask=mask)
     mask = _block_mask(T, str(q.device), span)
-    return _compiled_flex()(q, k, v, score_mod=score_mod, block_mask=mask)
+    # one compile per (batch, length, grad mode): a study has more shapes than dynamo's default
+    # limit of 8, past which FlexAttention runs unfused and forms the whole scores
+    with torch._dynamo.config.patch(recompile_limit=FLEX_SHAPES):
+        return _compiled_flex()(q, k, v, score_mod=score_mod, block_mask=mask)
