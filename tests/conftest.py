@@ -14,9 +14,20 @@ os.environ.setdefault("POSBENCH_CACHE", tempfile.mkdtemp(prefix="posbench-test-c
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.pop("WANDB_API_KEY", None)
 
+# device=cpu: with device=auto a visible GPU would train every CLI test on CUDA
 TOY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.steps=3",
        "train.batch_size=2", "train.seq_len=32", "train.warmup_steps=1", "eval.lengths=[32,64]",
-       "eval.tokens=256"]
+       "eval.tokens=256", "device=cpu"]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked cuda (tests/test_cuda.py) run only where torch sees a GPU."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if item.get_closest_marker("cuda"):
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -56,7 +56,7 @@ def test_training_memory_is_within_twice_the_measured_peak(encoding):
 
 def test_dry_run_lists_every_job_with_its_estimate_and_writes_nothing(tmp_path):
     proc = posbench_cli("train", "-m", "encoding=rope,alibi", "train.seq_len=128,1000000",
-                        "--dry-run", cwd=tmp_path)
+                        "device=cpu", "--dry-run", cwd=tmp_path)
     for job in ("0_encoding-rope_train.seq_len-128", "1_encoding-rope_train.seq_len-1000000",
                 "2_encoding-alibi_train.seq_len-128", "3_encoding-alibi_train.seq_len-1000000"):
         (line,) = [x for x in proc.stdout.splitlines() if x.startswith(f"  {job}: ")]
@@ -78,7 +78,7 @@ def test_a_job_that_cannot_fit_is_refused_in_one_line_and_its_sweep_lists_it(tmp
     finally:
         del os.environ[MEMORY_CHECK]
 
-    single = posbench_cli("train", "train.seq_len=1000000", cwd=tmp_path, ok=False)
+    single = posbench_cli("train", "train.seq_len=1000000", "device=cpu", cwd=tmp_path, ok=False)
     (error,) = single.stderr.strip().splitlines()
     assert single.returncode == 2 and error.startswith(f"posbench: error: {line[:60]}")
     assert " GiB by estimate, " in error

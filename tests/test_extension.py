@@ -21,7 +21,8 @@ from posbench.extend import extension_config, pose_positions
 from helpers import results, run_in_process
 
 TOY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.batch_size=2",
-       "train.seq_len=32", "train.warmup_steps=1", "eval.lengths=[32,64]", "eval.tokens=256"]
+       "train.seq_len=32", "train.warmup_steps=1", "eval.lengths=[32,64]", "eval.tokens=256",
+       "device=cpu"]
 EXTEND = ["train.pose_span=128", "train.steps=4", "train.eval_every=2", "eval.tokens=256"]
 
 

@@ -73,7 +73,7 @@ def test_trains_and_evaluates_at_8x_the_training_length(name, tmp_path):
     cfg = posbench.compose([f"encoding={name}", "model.n_layer=1", "model.d_model=32",
                             "model.n_head=2", "train.steps=4", "train.batch_size=2",
                             "train.seq_len=32", "train.warmup_steps=1", "eval.lengths=[32,256]",
-                            "eval.tokens=512"])
+                            "eval.tokens=512", "device=cpu"])
     record = train(cfg, tmp_path, group="test", name=name)
     assert record["status"] == "ok" and record["encoding"] == name
     assert [p["length"] for p in record["eval"]["curve"]] == [32, 256]

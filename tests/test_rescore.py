@@ -13,7 +13,7 @@ from posbench.reeval import change_label, change_tag, eval_changes
 
 TOY_SWEEP = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.steps=3",
              "train.batch_size=2", "train.seq_len=32", "train.warmup_steps=1",
-             "eval.lengths=[32,64]", "eval.tokens=256"]
+             "eval.lengths=[32,64]", "eval.tokens=256", "device=cpu"]
 
 
 def files(folder):

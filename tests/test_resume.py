@@ -26,7 +26,8 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 # state would diverge; log_every=7 leaves a loss window open at most checkpoints
 RUN = ["encoding=randomized", "model.n_layer=1", "model.d_model=32", "model.n_head=2",
        "train.batch_size=2", "train.seq_len=32", "train.warmup_steps=10", "train.steps=300",
-       "train.ckpt_every=5", "train.log_every=7", "eval.lengths=[32,64]", "eval.tokens=256"]
+       "train.ckpt_every=5", "train.log_every=7", "eval.lengths=[32,64]", "eval.tokens=256",
+       "device=cpu"]
 
 
 def posbench_train(args, cwd, **kwargs):

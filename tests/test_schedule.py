@@ -16,7 +16,7 @@ RUN = ["encoding=rope", "model.n_layer=1", "model.d_model=32", "model.n_head=2",
        "train.seq_len=32", "train.batch_size=2", "train.steps=6", "train.warmup_steps=1",
        "train.log_every=2", "train.ckpt_every=2", "train.val_every=0",
        "train.switch_encoding_at=0.5", "model.qk_norm=true", "eval.lengths=[32]",
-       "eval.tokens=128"]
+       "eval.tokens=128", "device=cpu"]
 
 
 def build(*overrides):
