@@ -82,10 +82,18 @@ class Dims:
     # train.original_len: the length the rotary scalings count from, when not train_len (an
     # extension's: the first run of its lineage's)
     original_len: Optional[int] = None
+    # where training's positions may reach past the sequence: PoSE's train.pose_span,
+    # randomized's M; None: 0..T-1
+    train_span: Optional[int] = None
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_head
+
+    def train_positions(self, T: int) -> int:
+        """Training's positions of a T-token sequence lie in [0, this): known without reading
+        them, so that a training step needs no host sync for a table's size."""
+        return max(T, self.train_span or 0)
 
     @property
     def scaling_len(self) -> int:
@@ -176,6 +184,16 @@ class PositionalEncoding(nn.Module):
     def check(cls, cfg, run_cfg: DictConfig) -> None:
         """Raise ConfigError for values this encoding cannot use. `cfg` is the typed encoding
         config, `run_cfg` the whole composed config (model, train, eval)."""
+
+    def longest_lag(self, pos: torch.Tensor) -> int:
+        """The largest lag within a sequence of pos (B, T), or a bound of it: a table indexed by
+        lag holds this plus one. In training it comes from Python ints (dims.train_positions), so
+        that a step has no host sync and no graph break under train.compile. At evaluation a
+        caller may pass any positions (offset, strided), so they are read, within each sequence
+        only, never across two."""
+        if self.training:
+            return self.dims.train_positions(pos.shape[1]) - 1
+        return int((pos.amax(1) - pos.amin(1)).max())
 
     def at_layer(self, layer: int) -> Tuple["PositionalEncoding", int]:
         """The encoding whose hooks act at model layer `layer`, and the layer index they receive:
@@ -271,8 +289,3 @@ def relative_lag(pos: torch.Tensor) -> Callable:
         row = pos[0]
         return lambda b, q_idx, kv_idx: row[q_idx] - row[kv_idx]
     return lambda b, q_idx, kv_idx: pos[b, q_idx] - pos[b, kv_idx]
-
-
-def longest_lag(pos: torch.Tensor) -> int:
-    """The largest lag that occurs: within a sequence only, never across two (a host sync)."""
-    return int((pos.amax(1) - pos.amin(1)).max())

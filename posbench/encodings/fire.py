@@ -19,8 +19,7 @@ import torch
 from torch import nn
 
 from posbench.errors import ConfigError
-from posbench.encodings.base import (EncodingConfig, PositionalEncoding, longest_lag,
-                                    relative_lag, register)
+from posbench.encodings.base import EncodingConfig, PositionalEncoding, relative_lag, register
 
 EPS = 1e-6  # added to the normalizer
 
@@ -128,7 +127,7 @@ class FIRE(PositionalEncoding):
         mlp = self.mlps[layer]
         threshold = (mlp.l_mult * (self.cfg.init_L or self.dims.train_len)).abs()
         rows = pos[0] if pos.stride(0) == 0 else pos
-        psi_lag = psi(torch.arange(longest_lag(pos) + 1, device=pos.device), mlp.c)
+        psi_lag = psi(torch.arange(self.longest_lag(pos) + 1, device=pos.device), mlp.c)
         span = (rows - rows[..., :1]).to(threshold.dtype)
         return psi_lag, psi(torch.maximum(span, threshold), mlp.c) + EPS
 

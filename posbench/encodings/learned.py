@@ -46,11 +46,15 @@ class Learned(PositionalEncoding):
         if layer >= len(self.tables):
             return x
         table = self.tables[layer]
-        if self.cfg.clamp:
+        if self.cfg.clamp:  # within the table, which check() sized for the training length
             pos = pos.clamp(max=self.dims.train_len - 1)
-        if int(pos.max()) >= table.shape[0]:
-            raise ValueError(f"position {int(pos.max())} is past the learned table "
-                             f"({table.shape[0]} rows); raise encoding.max_len")
+        else:
+            # training's positions are bounded without reading them (no host sync per step)
+            last = (self.dims.train_positions(pos.shape[1]) - 1 if self.training
+                    else int(pos.max()))
+            if last >= table.shape[0]:
+                raise ValueError(f"positions reach {last}, past the learned table "
+                                 f"({table.shape[0]} rows); raise encoding.max_len")
         return x + table[pos].to(x.dtype)
 
     def notes(self):

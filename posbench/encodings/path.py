@@ -144,10 +144,12 @@ def path_logits(q, k, w, beta, rows):
 
     chunk_of = rows // C  # (R,)
     q_rows = q_start.view(B, H, n * C, d)[:, :, rows]
-    last = int(chunk_of[-1])
     carry = q_rows.new_zeros(q_rows.shape)
     blocks = [None] * n
-    for J in range(last - 1, -1, -1):  # earlier chunks, near to far
+    # earlier chunks, near to far, from the last: the row_mod's rows end at T - 1 (the block's
+    # keys end with its queries), and rows that end sooner carry zeros until their own chunk,
+    # so no row index is read on the host
+    for J in range(n - 2, -1, -1):
         carry = torch.where((chunk_of == J + 1).view(1, 1, -1, 1), q_rows, carry)
         blocks[J] = carry @ carried[:, :, J].transpose(-2, -1)
         carry = carry @ chunk_map[:, :, J]

@@ -79,9 +79,10 @@ class Randomized(PositionalEncoding):
     def __init__(self, cfg, dims):
         super().__init__(cfg, dims)
         entry = registry()[cfg.base]
-        # a learned base needs a row for every draw
-        self.base = entry.cls(entry.config, dataclasses.replace(dims, max_len=max(dims.max_len,
-                                                                                  cfg.max_len)))
+        # a learned base needs a row for every draw, and training's draws lie below M
+        self.base = entry.cls(entry.config, dataclasses.replace(
+            dims, max_len=max(dims.max_len, cfg.max_len),
+            train_span=max(dims.train_span or 0, cfg.max_len)))
         # the base's hooks and flags, but positions of its own, and no rotation-only options:
         # rotary stays the class's (check refuses rope_scaling for a base that does not rotate),
         # and remaps are refused (rope_remaps)

@@ -5,8 +5,7 @@ from typing import Optional
 import torch
 
 from posbench.errors import ConfigError
-from posbench.encodings.base import (EncodingConfig, PositionalEncoding, longest_lag,
-                                    relative_lag, register)
+from posbench.encodings.base import EncodingConfig, PositionalEncoding, relative_lag, register
 
 
 def sandwich_bias(lag: torch.Tensor, dim: int) -> torch.Tensor:
@@ -53,8 +52,8 @@ class Sandwich(PositionalEncoding):
         self.register_buffer("scales", head_scales(dims.n_head).float(), persistent=False)
 
     def score_mod(self, q, k, pos, layer):
-        # one bias per lag that occurs (within a sequence), built in float64 then cast
-        lags = torch.arange(longest_lag(pos) + 1, device=pos.device)
+        # one bias per lag that can occur (within a sequence), built in float64 then cast
+        lags = torch.arange(self.longest_lag(pos) + 1, device=pos.device)
         table = sandwich_bias(lags, self.dim).float()
         scales, lag = self.scales, relative_lag(pos)
 

@@ -15,8 +15,7 @@ import torch
 from torch import nn
 
 from posbench.errors import ConfigError
-from posbench.encodings.base import (EncodingConfig, PositionalEncoding, longest_lag,
-                                    relative_lag, register)
+from posbench.encodings.base import EncodingConfig, PositionalEncoding, relative_lag, register
 from posbench.encodings.rope import rope_inv_freq
 
 
@@ -72,7 +71,7 @@ class TransformerXL(PositionalEncoding):
         H, d = q.shape[1], q.shape[3]
         dtype = torch.promote_types(q.dtype, torch.float32)
         u, v = self.u.view(H, d).to(dtype), self.v.view(H, d).to(dtype)
-        n_lags = longest_lag(pos) + 1
+        n_lags = self.longest_lag(pos) + 1
         keys = lag_keys(self.w_r[layer].to(dtype), n_lags, H).transpose(-1, -2)  # (H, d, lags)
         return u, keys, (q.to(dtype) + v.unsqueeze(1)) * (1 / math.sqrt(d))  # (B, H, T, d)
 

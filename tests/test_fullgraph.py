@@ -1,0 +1,87 @@
+"""train.compile: every encoding's training step is one graph that reads no tensor on the host.
+
+A host read (.item(), int(tensor), a data-dependent shape) is a sync per step on CUDA, and a graph
+break under train.compile on the torch of the GPU runs (2.11); newer torch traces some of them as
+a value known only at run time (an unbacked symbol), still a sync. The backend below runs the
+graph as backend="eager" does, after failing on any such value, and fullgraph=True makes a graph
+break an error. The step is posbench.train.train_step, given the compiled model as train.py gives
+it under train.compile.
+"""
+import copy
+
+import pytest
+import torch
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+import posbench
+from posbench.extend import pose_positions
+from posbench.train import make_optimizer, train_step
+
+SHAPE = ["model.n_layer=2", "model.d_model=32", "model.n_head=2", "train.seq_len=32"]
+VOCAB = 64
+# randomized's base sizes its lag tables for the draws below M
+CASES = [[f"encoding={name}"] for name in posbench.list_encodings()] + [
+    ["encoding=randomized", "encoding.base=transformer_xl", "encoding.max_len=256"]]
+
+
+def no_host_reads(gm, example_inputs):
+    """A dynamo backend: backend="eager" once no node's value depends on a tensor's contents."""
+    for node in gm.graph.nodes:
+        if free_unbacked_symbols(node.meta.get("example_value")):
+            frames = node.meta.get("stack_trace", "").strip().splitlines()[-2:]
+            pytest.fail(f"host read of a tensor in the training step: {node.format_node()}\n"
+                        + "\n".join(frames))
+    return gm.forward
+
+
+def build(overrides):
+    cfg = posbench.compose([*overrides, *SHAPE])
+    torch.manual_seed(0)
+    return cfg, posbench.build_model(cfg, VOCAB)
+
+
+def batch():
+    g = torch.Generator().manual_seed(1)
+    return (torch.randint(0, VOCAB, (2, 32), generator=g) for _ in range(2))
+
+
+def step(cfg, model, step_fn, x, y, pos=None):
+    """train_step's loss (the model is updated)."""
+    torch.manual_seed(2)  # randomized draws its positions in the forward
+    return train_step(model, step_fn, make_optimizer(model, cfg.train, x.device), x, y, lr=1e-3,
+                      grad_clip=1.0, pos=pos)
+
+
+def compiled(model):
+    torch._dynamo.reset()  # 40 models of one GPT.forward would pass dynamo's recompile limit
+    return torch.compile(model, fullgraph=True, backend=no_host_reads)
+
+
+@pytest.mark.parametrize("overrides", CASES, ids=lambda o: "-".join(s.split("=")[1] for s in o))
+def test_training_step_compiles_to_one_graph_without_host_reads(overrides):
+    cfg, model = build(overrides)
+    twin = copy.deepcopy(model)
+    x, y = batch()
+    loss = step(cfg, model, compiled(model), x, y)
+    # eager takes the lag-table shortcuts that a compiled graph leaves to the blockwise path
+    torch.testing.assert_close(loss, step(cfg, twin, twin, x, y), rtol=1e-6, atol=0)
+    # the backward ran through the graph: the same gradients (clipped) as eager's
+    for (key, p), q in zip(model.named_parameters(), twin.parameters(), strict=True):
+        assert (p.grad is None) == (q.grad is None), key
+        if p.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=key)
+
+
+@pytest.mark.parametrize("name", ["sandwich", "fire", "transformer_xl", "learned"])
+def test_bounds_from_the_config_cover_pose_positions(name):
+    """In training, lag tables and learned's check are sized from max(T, train.pose_span), not
+    read from the positions: PoSE's, up to pose_span - 1, give the loss that the same weights give
+    at evaluation, where the bound is read from the positions."""
+    pos = pose_positions(0, 0, 2, 32, 200)
+    assert int(pos.max()) > 64  # lags far past the sequence length: not vacuous
+    x, y = batch()
+    cfg, model = build([f"encoding={name}", "train.pose_span=200"])
+    _, reference = build([f"encoding={name}", "train.pose_span=200"])
+    expected = reference.eval()(x, pos=pos, targets=y).mean()
+    torch.testing.assert_close(step(cfg, model, compiled(model), x, y, pos), expected,
+                               rtol=1e-6, atol=0)
