@@ -47,6 +47,9 @@ USAGE = """usage: posbench <verb> [args]
                              plots that explain a run (learned positions' PCA, attention mass by
                              lag per head) into RUN_DIR; lengths default to train length and 4x
   report DIR                 table + ppl_vs_length.png over every run below DIR
+  reproduce --list | NAME [overrides] [--dry-run] | NAME --report DIR
+                             a published result re-run as a sweep (outputs/reproduce/NAME) and
+                             judged claim by claim beside the paper's numbers (docs/reproduce.md)
   list                       encodings, datasets and model presets, one line each
 """
 
@@ -636,8 +639,12 @@ def run_verb(verb: str, rest: list) -> None:
         from posbench.report import write_report
 
         write_report(Path(rest[0]))
+    elif verb == "reproduce":
+        from posbench.reproduce.command import reproduce
+
+        reproduce(rest)
     elif verb == "list":
         list_components()
     else:
         raise ConfigError(f"verb {verb!r} is not accepted; expected one of train, eval, "
-                          "extend, inspect, report, list")
+                          "extend, inspect, report, reproduce, list")

@@ -1,0 +1,200 @@
+"""The contract of a reproduction entry (`posbench reproduce NAME`), one file per published result
+in this package, registered as encodings and evaluations are:
+
+    @register("my_entry", "one line for `posbench reproduce --list`")
+    class MyEntry(Reproduction):
+        paper = "Authors Year, title (arXiv id)"
+        where = "Table 2"
+        setting = "one line: the setting it runs"
+        device = "cpu"                       # or "cuda", with reduced = "<its CPU entry>"
+        reduction = "what is reduced from the paper's setting"   # "" at the paper's setting
+        axis = "length"                      # or "size"
+        paper_train_length = 512
+        sweep = Sweep(experiment=None, overrides=("encoding=rope,alibi", ...))
+        groups = ("rope", "alibi")           # the encodings compared
+        published = {"rope": {512: 20.07, 1012: 21.37}, ...}   # None: not measured (OOM)
+        source = "where the numbers were read"
+        claims = (OrderPast(...), ...)       # posbench/reproduce/claims.py
+        cost = "declared wall time"
+
+check() holds an entry to this contract; tests/test_reproduce.py calls it for every entry.
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, ClassVar, Dict, List, Optional, Tuple
+
+from posbench.errors import ConfigError
+from posbench.registry import Entry, Registry
+from posbench.reproduce.claims import Claim, Measured
+
+DEVICES = ("cpu", "cuda")
+AXES = ("length", "size")
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """The Hydra multirun an entry runs: `+experiment=<experiment>` (a config in
+    posbench/conf/experiment) and/or overrides; the command line's overrides replace those of the
+    same key."""
+    experiment: Optional[str] = None
+    overrides: Tuple[str, ...] = ()
+
+
+def size_value(label: str) -> float:
+    """'125M' -> 1.25e8, '1.3B' -> 1.3e9."""
+    found = re.fullmatch(r"([\d.]+)([KMB])", label)
+    if not found:
+        raise ValueError(f"model size {label!r}: expected a number and K, M or B")
+    return float(found[1]) * {"K": 1e3, "M": 1e6, "B": 1e9}[found[2]]
+
+
+class Reproduction:
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    paper: ClassVar[str]
+    where: ClassVar[str]
+    setting: ClassVar[str]
+    device: ClassVar[str]
+    reduced: ClassVar[Optional[str]] = None  # a cuda entry's CPU entry
+    reduction: ClassVar[str] = ""  # what is reduced from the paper's setting; "": none
+    axis: ClassVar[str]
+    paper_train_length: ClassVar[int]
+    sweep: ClassVar[Sweep]
+    groups: ClassVar[Tuple[str, ...]]
+    published: ClassVar[Dict[str, Dict[Any, Optional[float]]]]
+    source: ClassVar[str]
+    claims: ClassVar[Tuple[Claim, ...]]
+    cost: ClassVar[str]
+
+    @classmethod
+    def at_paper_scale(cls) -> bool:
+        return not cls.reduction
+
+    @classmethod
+    def x_of(cls, published_x) -> float:
+        """A published column as the claims read it: a length over the paper's L, or a size."""
+        return (published_x / cls.paper_train_length if cls.axis == "length"
+                else size_value(published_x))
+
+    @classmethod
+    def paper_measured(cls) -> Measured:
+        """The paper's own numbers as a Measured table (the oracle the tests judge)."""
+        return Measured({g: {cls.x_of(x): v for x, v in row.items() if v is not None}
+                         for g, row in cls.published.items()}, at_paper_scale=True)
+
+    @classmethod
+    def measure(cls, records: List[dict]) -> Measured:
+        """Finished runs' results.json records -> group -> x -> mean over seeds: perplexity by
+        length over the training length (axis length), or at the training length by the model's
+        parameter count (axis size)."""
+        from posbench.report import aggregate
+
+        train_lens = {r["train"]["seq_len"] for r in records}
+        if len(train_lens) > 1:
+            raise ConfigError(f"the runs were trained at several lengths ({sorted(train_lens)}); "
+                              f"expected one training length for reproduce entry {cls.name!r}")
+        train_len = train_lens.pop()
+        # a size is a model shape, named by its fewest parameters over the encodings (a learned
+        # table adds its own)
+        def shape(record: dict) -> tuple:
+            return tuple(record["model"][k] for k in ("n_layer", "n_head", "d_model"))
+
+        sizes: Dict[tuple, int] = {}
+        for record in records:
+            sizes[shape(record)] = min(sizes.get(shape(record), math.inf),
+                                       record["model"]["params"])
+        by_label: Dict[Tuple[str, int], List[dict]] = defaultdict(list)
+        for record in records:
+            size = sizes[shape(record)] if cls.axis == "size" else 0
+            by_label[(record["encoding"], size)].append(record)
+        labels = {f"{enc}|{size}": (enc, size) for enc, size in by_label}
+        table = aggregate({label: by_label[key] for label, key in labels.items()})
+        values: Dict[str, Dict[float, float]] = defaultdict(dict)
+        for label, by_length in table.items():
+            enc, size = labels[label]
+            if cls.axis == "length":
+                values[enc].update({n / train_len: s["mean"] for n, s in by_length.items()})
+            elif train_len in by_length:
+                values[enc][float(size)] = by_length[train_len]["mean"]
+        return Measured(dict(values), at_paper_scale=cls.at_paper_scale())
+
+    @classmethod
+    def pairs(cls, measured: Measured) -> Dict[Any, Optional[float]]:
+        """Each published column -> the measured x it is compared with (None: none). Lengths by
+        their ratio to the training length, the nearest within a factor of sqrt(2); sizes by
+        rank at the ends of the ladders (smallest with smallest, largest with largest)."""
+        xs = sorted({x for row in measured.values.values() for x in row})
+        columns = list(next(iter(cls.published.values())))
+        if cls.axis == "length":
+            out = {}
+            for col in columns:
+                want = cls.x_of(col)
+                near = [x for x in xs if abs(math.log2(x / want)) <= 0.5]
+                out[col] = min(near, key=lambda x: abs(math.log(x / want))) if near else None
+            return out
+        out = {col: None for col in columns}
+        if xs:
+            out[columns[0]] = xs[0]
+            if len(xs) > 1:
+                out[columns[-1]] = xs[-1]
+        return out
+
+    @classmethod
+    def owns(cls, records: List[dict]) -> List[str]:
+        """The encodings among the records that this entry does not compare."""
+        return sorted({r["encoding"] for r in records} - set(cls.groups))
+
+    @classmethod
+    def check(cls) -> None:
+        """The entry's contract, AssertionError naming what is wrong."""
+        named = f"reproduce entry {cls.name!r}"
+        assert cls.device in DEVICES, f"{named}: device {cls.device!r}, expected one of {DEVICES}"
+        assert cls.axis in AXES, f"{named}: axis {cls.axis!r}, expected one of {AXES}"
+        if cls.device == "cuda":
+            reduced = registry().get(cls.reduced or "")
+            assert reduced and reduced.cls.device == "cpu", \
+                f"{named}: a cuda entry names its CPU entry in `reduced` ({cls.reduced!r})"
+        else:
+            assert cls.reduced is None, f"{named}: a cpu entry is itself the reduced one"
+        for key in ("paper", "where", "setting", "source", "cost"):
+            text = getattr(cls, key, "")
+            assert isinstance(text, str) and text.strip(), f"{named}: {key} is empty"
+            if key in ("setting",):
+                assert "\n" not in text, f"{named}: {key} is one line"
+        assert isinstance(cls.sweep, Sweep), f"{named}: sweep is a Sweep"
+        assert cls.sweep.experiment or cls.sweep.overrides, f"{named}: sweep runs nothing"
+        assert set(cls.published) <= set(cls.groups), f"{named}: published groups not compared"
+        columns = [list(row) for row in cls.published.values()]
+        assert columns and all(c == columns[0] for c in columns), \
+            f"{named}: every published group has the same columns"
+        for col in columns[0]:
+            cls.x_of(col)  # a size label that does not read raises here
+        assert cls.claims, f"{named}: no claims"
+        names = [c.name for c in cls.claims]
+        assert len(set(names)) == len(names), f"{named}: two claims share a name"
+        for claim in cls.claims:
+            assert isinstance(claim, Claim), f"{named}: {claim!r} is not a Claim"
+            assert claim.statement.strip() and claim.why.strip(), \
+                f"{named}: claim {claim.name!r} needs its statement and its tolerance's why"
+            assert claim.tolerance >= 0, f"{named}: claim {claim.name!r} has a negative tolerance"
+
+
+_REGISTRY = Registry(Reproduction)
+
+
+def register(name: str, description: str):
+    """Class decorator: make `cls` available as `posbench reproduce <name>`."""
+
+    def wrap(cls):
+        cls.name, cls.description = name, description
+        return _REGISTRY.add(cls, name, description)
+
+    return wrap
+
+
+def registry() -> Dict[str, Entry]:
+    return _REGISTRY.by_name()

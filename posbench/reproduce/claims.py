@@ -1,0 +1,231 @@
+"""Published claims, each judged on measured numbers: `judge(measured) -> (verdict, detail)`.
+
+A claim states what the paper says in one line, the tolerance it is judged under and why that
+tolerance (`why`). It reads a Measured table: group -> x -> value, x a length as a multiple of
+the training length (x = 1 is L) or a model size in parameters. Verdicts:
+
+- reproduced: the measured numbers say what the paper says, within the tolerance;
+- not reproduced: they say otherwise by more than the tolerance;
+- not comparable at this scale: they cannot say (absolute values of a reduced setting, a group
+  under-trained at L, no measured point where the claim looks, a difference inside the noise).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+REPRODUCED, NOT_REPRODUCED, NOT_COMPARABLE = ("reproduced", "not reproduced",
+                                              "not comparable at this scale")
+VERDICTS = (REPRODUCED, NOT_REPRODUCED, NOT_COMPARABLE)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """values: group -> x -> value (perplexity); a point that was not measured (OOM) is absent.
+    at_paper_scale: whether the numbers come from the paper's setting (the paper's own numbers,
+    or an entry that runs at it), so that absolute values may be compared."""
+    values: Dict[str, Dict[float, float]]
+    at_paper_scale: bool
+
+    def present(self, groups: Tuple[str, ...]) -> List[str]:
+        return [g for g in groups if self.values.get(g)]
+
+    def common(self, groups: List[str]) -> List[float]:
+        """The xs where every group has a value, ascending."""
+        xs = set.intersection(*(set(self.values[g]) for g in groups)) if groups else set()
+        return sorted(xs)
+
+
+def pct(x: float) -> str:
+    return f"{x:+.1%}"
+
+
+def size_label(params: float) -> str:
+    """1.25e8 -> '125M'."""
+    for value, prefix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if params >= value:
+            return f"{params / value:.3g}{prefix}"
+    return f"{params:g}"
+
+
+def x_text(x: float) -> str:
+    """A length ratio as `8L`, a model size as `125M`."""
+    return f"{x:.3g}L" if x < 1000 else size_label(x)
+
+
+@dataclass(frozen=True)
+class Claim:
+    name: str
+    statement: str  # the paper's claim, one line
+    tolerance: float
+    why: str  # the tolerance's justification
+    unit: str = field(default="relative", kw_only=True)  # how tolerance reads: relative, nats
+
+    def tolerance_text(self) -> str:
+        return (f"{self.tolerance:g} nats" if self.unit == "nats"
+                else f"{self.tolerance:.0%}" if self.unit == "relative" else f"{self.tolerance:g}")
+
+    def judge(self, measured: Measured) -> Tuple[str, str]:
+        raise NotImplementedError
+
+
+def unmeasured(groups: Tuple[str, ...], present: List[str]) -> str:
+    """`; not measured: t5` for the groups a claim names that have no numbers."""
+    missing = [g for g in groups if g not in present]
+    return f"; not measured: {', '.join(missing)}" if missing else ""
+
+
+@dataclass(frozen=True)
+class WithinBest(Claim):
+    """Every group within `tolerance` (relative) of the best group at x = `at` (every shared x
+    when None). absolute: the claim is about absolute values, which a reduced setting cannot
+    compare with the paper's."""
+    groups: Tuple[str, ...] = ()
+    at: Optional[float] = 1.0
+    absolute: bool = False
+
+    def judge(self, m: Measured) -> Tuple[str, str]:
+        groups = m.present(self.groups)
+        if self.absolute and not m.at_paper_scale:
+            return NOT_COMPARABLE, ("a claim about absolute perplexity, measured here at a reduced "
+                                    "setting whose perplexities are not the paper's")
+        if len(groups) < 2:
+            return NOT_COMPARABLE, f"fewer than two of {', '.join(self.groups)} were measured"
+        xs = [self.at] if self.at is not None else m.common(groups)
+        worst = None  # (gap, group, best, x)
+        for x in xs:
+            values = {g: m.values[g][x] for g in groups if x in m.values[g]}
+            if len(values) < 2:
+                continue
+            best = min(values, key=values.get)
+            for g, v in values.items():
+                gap = v / values[best] - 1
+                if worst is None or gap > worst[0]:
+                    worst = (gap, g, best, x)
+        if worst is None:
+            return NOT_COMPARABLE, "no point where two of the groups were both measured"
+        gap, g, best, x = worst
+        where = "" if self.at == 1.0 else f" at {x_text(x)}"
+        detail = (f"largest gap: {g} {pct(gap)} behind {best}{where} (tolerance "
+                  f"{self.tolerance_text()}){unmeasured(self.groups, groups)}")
+        return (REPRODUCED if gap <= self.tolerance else NOT_REPRODUCED), detail
+
+
+@dataclass(frozen=True)
+class OrderPast(Claim):
+    """Past `past`·L the groups degrade in `order` (worst first): each group's log-ppl growth,
+    the mean over the lengths x > past that every group shares of ln(ppl(x)/ppl(L)), is at least
+    the next group's minus `tolerance` (nats). Groups more than `parity` behind the best at L
+    make the ratios not comparable (posbench/parity.py)."""
+    order: Tuple[str, ...] = ()
+    past: float = 2.0
+    parity: float = 0.15
+
+    def judge(self, m: Measured) -> Tuple[str, str]:
+        groups = [g for g in m.present(self.order) if 1.0 in m.values[g]]
+        if len(groups) < 2:
+            return NOT_COMPARABLE, f"fewer than two of {', '.join(self.order)} were measured at L"
+        at_l = {g: m.values[g][1.0] for g in groups}
+        best = min(at_l.values())
+        behind = {g: v / best - 1 for g, v in at_l.items() if v / best - 1 > self.parity}
+        if behind:
+            return NOT_COMPARABLE, ("under-trained at L, so its ratios are not comparable: "
+                                    + ", ".join(f"{g} {pct(gap)} behind the best"
+                                                for g, gap in behind.items())
+                                    + f" (parity tolerance {self.parity:.0%})")
+        xs = [x for x in m.common(groups) if x > self.past * (1 + 1e-9)]
+        if not xs:
+            return NOT_COMPARABLE, (f"no length past {self.past:g}L was measured for all of "
+                                    + ", ".join(groups))
+        growth = {g: sum(math.log(m.values[g][x] / at_l[g]) for x in xs) / len(xs)
+                  for g in groups}
+        shown = " > ".join(f"{g} {growth[g]:+.3f}" for g in groups)
+        inverted = [(a, b) for a, b in zip(groups, groups[1:])
+                    if growth[a] < growth[b] - self.tolerance]
+        ties = [(a, b) for a, b in zip(groups, groups[1:])
+                if growth[b] - self.tolerance <= growth[a] < growth[b]]
+        where = ", ".join(x_text(x) for x in xs)
+        detail = f"log-ppl growth over {where}: {shown}"
+        if inverted:
+            return NOT_REPRODUCED, (
+                detail + unmeasured(self.order, groups) + "; out of order beyond the tolerance: "
+                + ", ".join(f"{b} worse than {a} by {growth[b] - growth[a]:.3f}"
+                            for a, b in inverted))
+        if ties:
+            detail += "; inverted within the tolerance (a tie here): " + ", ".join(
+                f"{a}/{b}" for a, b in ties)
+        return REPRODUCED, (detail + f" (tolerance {self.tolerance_text()})"
+                            + unmeasured(self.order, groups))
+
+
+@dataclass(frozen=True)
+class FlatAt(Claim):
+    """ppl(x)/ppl(L) of `group` at most `most` + tolerance, x the measured length nearest to
+    `at`·L (within a factor of 1.5)."""
+    group: str = "alibi"
+    at: float = 8.0
+    most: float = 1.0
+
+    def judge(self, m: Measured) -> Tuple[str, str]:
+        values = m.values.get(self.group, {})
+        near = [x for x in values if x > 1 and abs(math.log(x / self.at)) <= math.log(1.5)]
+        if 1.0 not in values or not near:
+            return NOT_COMPARABLE, f"{self.group} was not measured at L and near {self.at:.3g}L"
+        x = min(near, key=lambda x: abs(math.log(x / self.at)))
+        ratio = values[x] / values[1.0]
+        detail = (f"{self.group}: ppl({x:.3g}L)/ppl(L) = {ratio:.3f}, at most {self.most:g} + "
+                  f"{self.tolerance:g} accepted")
+        return (REPRODUCED if ratio <= self.most + self.tolerance else NOT_REPRODUCED), detail
+
+
+@dataclass(frozen=True)
+class BestAtEvery(Claim):
+    """`group` has the lowest value at every x the groups share, or is within `tolerance`
+    (relative) of the lowest."""
+    group: str = "alibi"
+    others: Tuple[str, ...] = ()
+
+    def judge(self, m: Measured) -> Tuple[str, str]:
+        others = m.present(self.others)
+        if not m.values.get(self.group) or not others:
+            return NOT_COMPARABLE, f"{self.group} and another group were not both measured"
+        xs = m.common([self.group, *others])
+        if not xs:
+            return NOT_COMPARABLE, "no point where they were all measured"
+        worst = max(((m.values[self.group][x] / min(m.values[o][x] for o in others) - 1, x)
+                     for x in xs))
+        detail = (f"{self.group} against the best other group: at worst {pct(worst[0])} at "
+                  f"{x_text(worst[1])} (tolerance {self.tolerance_text()})")
+        return (REPRODUCED if worst[0] <= self.tolerance else NOT_REPRODUCED), detail
+
+
+@dataclass(frozen=True)
+class GapShrinks(Claim):
+    """`group`'s relative gap to `reference` at L is smaller at the largest size than at the
+    smallest: gap(largest) <= (1 - tolerance) * gap(smallest) is reproduced, a gap that does not
+    shrink is not, a shrink smaller than the tolerance is inside the noise (not comparable)."""
+    group: str = "nope"
+    reference: str = "learned"
+
+    def judge(self, m: Measured) -> Tuple[str, str]:
+        if not (m.values.get(self.group) and m.values.get(self.reference)):
+            return NOT_COMPARABLE, f"{self.group} and {self.reference} were not both measured"
+        xs = m.common([self.group, self.reference])
+        if len(xs) < 2:
+            return NOT_COMPARABLE, "fewer than two model sizes were measured for both"
+        gap = {x: m.values[self.group][x] / m.values[self.reference][x] - 1 for x in xs}
+        small, large = gap[xs[0]], gap[xs[-1]]
+        detail = (f"{self.group}'s gap to {self.reference} at L: {pct(small)} at the smallest "
+                  f"size, {pct(large)} at the largest")
+        if small <= 0:
+            return NOT_COMPARABLE, detail + f"; {self.group} is not behind at the smallest size"
+        if large <= 0:
+            return REPRODUCED, detail + f" ({self.group} is no longer behind at the largest)"
+        if large <= (1 - self.tolerance) * small:
+            return REPRODUCED, detail + f" (shrinks by {1 - large / small:.0%}, at least " \
+                                        f"{self.tolerance:.0%} needed)"
+        if large >= small:
+            return NOT_REPRODUCED, detail + " (it does not shrink)"
+        return NOT_COMPARABLE, detail + (f" (shrinks by {1 - large / small:.0%}, less than the "
+                                         f"{self.tolerance:.0%} that the noise allows)")

@@ -1,0 +1,134 @@
+"""`posbench reproduce`: --list, NAME [overrides] (a `posbench train -m` sweep, then its
+judgement), NAME --dry-run (the sweep's cost, nothing run), NAME --report DIR (judge finished
+runs again). Bad input is one line and exit 2, with nothing written."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+from posbench.errors import ConfigError, did_you_mean
+from posbench.reproduce.base import registry
+from posbench.reproduce.judge import check_owner, finished_records, judge
+
+USAGE = ("posbench reproduce --list | NAME [overrides] [--dry-run] | NAME --report DIR")
+SWEEP_DIR = "hydra.sweep.dir"
+DEFAULT_ROOT = "outputs/reproduce"
+
+
+def list_entries() -> None:
+    for name, found in registry().items():
+        e = found.cls
+        runs = ("runs on a CPU" if e.device == "cpu"
+                else f"needs a GPU (CPU: {e.reduced})")
+        cite = re.match(r".*?\d{4}", e.paper)
+        print(f"{name:<18} {cite[0] if cite else e.paper}, {e.where}; {e.setting}; {runs}")
+
+
+def entry_named(name: str):
+    entries = registry()
+    if name not in entries:
+        raise ConfigError(f"reproduce entry {name!r} is not accepted{did_you_mean(name, entries)};"
+                          f" expected one of: {', '.join(entries)} (`posbench reproduce --list`)")
+    return entries[name].cls
+
+
+def key_of(override: str) -> str:
+    return override.partition("=")[0].lstrip("+~")
+
+
+def sweep_overrides(entry, given: List[str]) -> List[str]:
+    """The entry's sweep with the command line's overrides: one of the same key replaces the
+    entry's, and a config group chosen on the command line (hydra/launcher=basic) drops the
+    entry's keys of the group it replaces (hydra.launcher.*)."""
+    keys = {key_of(o) for o in given}
+    groups = tuple(k.replace("/", ".") + "." for k in keys if "/" in k)
+    kept = [o for o in entry.sweep.overrides
+            if key_of(o) not in keys and not key_of(o).startswith(groups)]
+    head = [f"+experiment={entry.sweep.experiment}"] if entry.sweep.experiment else []
+    return head + kept + list(given)
+
+
+def posbench_command() -> List[str]:
+    """The installed `posbench` beside this interpreter, else this interpreter running it."""
+    beside = Path(sys.executable).parent / "posbench"
+    if beside.is_file():
+        return [str(beside)]
+    found = shutil.which("posbench")
+    return [found] if found else [sys.executable, "-c", "from posbench.cli import main; main()"]
+
+
+def parse(rest: List[str]) -> Tuple[str, bool, Optional[str], List[str]]:
+    """NAME, --dry-run, --report DIR, overrides."""
+    if not rest or rest[0].startswith("-"):
+        raise ConfigError(f"posbench reproduce needs an entry's name or --list; expected `{USAGE}`")
+    name, dry, report, overrides = rest[0], False, None, []
+    args = iter(rest[1:])
+    for arg in args:
+        if arg == "--dry-run":
+            dry = True
+        elif arg == "--report" or arg.startswith("--report="):
+            report = arg.partition("=")[2] if "=" in arg else next(args, None)
+            if not report:
+                raise ConfigError(f"--report needs a folder; expected `{USAGE}`")
+        elif arg.startswith("-") or "=" not in arg:
+            raise ConfigError(f"{arg!r} is not accepted by posbench reproduce; expected "
+                              f"`{USAGE}` (overrides as key=value)")
+        else:
+            overrides.append(arg)
+    if report is not None and (dry or overrides):
+        raise ConfigError(f"--report judges finished runs and takes no overrides or --dry-run; "
+                          f"expected `posbench reproduce {name} --report DIR`")
+    return name, dry, report, overrides
+
+
+def needs_device(entry) -> None:
+    if entry.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(f"reproduce entry {entry.name!r} is not accepted here: it runs on "
+                              f"a GPU and none is visible; expected `posbench reproduce "
+                              f"{entry.reduced}`, its reduced setting for a CPU")
+
+
+def reproduce(rest: List[str]) -> None:
+    if rest == ["--list"]:
+        list_entries()
+        return
+    name, dry, report, overrides = parse(rest)
+    entry = entry_named(name)
+    if report is not None:
+        judge(entry, Path(report))
+        return
+    needs_device(entry)
+    sweep_dir = next((key_of(o) == SWEEP_DIR and o.partition("=")[2] for o in overrides
+                      if key_of(o) == SWEEP_DIR), None)
+    if not sweep_dir:
+        sweep_dir = f"{DEFAULT_ROOT}/{entry.name}"
+        overrides = overrides + [f"{SWEEP_DIR}={sweep_dir}"]
+    folder = Path(sweep_dir)
+    if folder.is_dir():  # resuming: it must hold this entry's runs, if any
+        check_owner(entry, folder, finished_records(folder), SWEEP_DIR)
+    argv = [*posbench_command(), "train", "-m", *sweep_overrides(entry, overrides)]
+    shown = "posbench train -m " + " ".join(sweep_overrides(entry, overrides))
+    if dry:
+        print(f"posbench reproduce {entry.name} --dry-run: `{shown}`")
+        code = subprocess.call(argv + ["--dry-run"], env=os.environ.copy())
+        print(f"declared wall time: {entry.cost}")
+        if code:
+            sys.exit(code)
+        return
+    print(f"posbench reproduce {entry.name}: {entry.paper}, {entry.where}")
+    print(f"posbench reproduce: `{shown}` (finished runs in {folder} are skipped)", flush=True)
+    code = subprocess.call(argv, env=os.environ.copy())
+    if folder.is_dir() and finished_records(folder):
+        judge(entry, folder, flag=SWEEP_DIR)
+    elif not code:
+        raise ConfigError(f"the sweep in {folder} left no finished run to judge")
+    if code:
+        sys.exit(code)

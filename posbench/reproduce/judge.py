@@ -1,0 +1,188 @@
+"""Judge a reproduction's finished runs: the paper's numbers beside posbench's, each claim with
+its verdict, into reproduction.md and reproduction.json in the sweep dir (each written
+atomically), and the same table printed. The runs are read as `posbench report` reads them
+(posbench/report.py: find_runs, aggregate); reproduction.json also marks the folder as the
+entry's, so that another entry's --report refuses it."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from posbench.errors import ConfigError
+from posbench.io import write_json, write_text
+from posbench.report import find_runs
+from posbench.reproduce.claims import VERDICTS, Claim, Measured, size_label, x_text
+from posbench.results import RESULTS
+from posbench.version import __version__
+
+REPORT_MD, REPORT_JSON = "reproduction.md", "reproduction.json"
+
+
+def finished_records(folder: Path) -> List[dict]:
+    """The finished runs' own results (not re-scores) below `folder`."""
+    runs, _ = find_runs(folder)
+    return [r for r in runs if r["_file"] == RESULTS]
+
+
+def marked_entry(folder: Path) -> Optional[str]:
+    """The entry whose judgement reproduction.json holds, if any."""
+    try:
+        return json.loads((Path(folder) / REPORT_JSON).read_text()).get("entry")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check_owner(entry, folder: Path, records: List[dict], flag: str) -> None:
+    """ConfigError unless the runs in `folder` are `entry`'s: by the entry its reproduction.json
+    names, else by the encodings the runs trained."""
+    marked = marked_entry(folder)
+    if marked and marked != entry.name:
+        raise ConfigError(f"{flag}={str(folder)!r} is not accepted: it holds runs of reproduce "
+                          f"entry {marked!r}, not {entry.name!r}; expected `posbench reproduce "
+                          f"{marked} --report {folder}` or another folder")
+    others = entry.owns(records)
+    if others:
+        raise ConfigError(f"{flag}={str(folder)!r} is not accepted: it holds runs of "
+                          f"{', '.join(others)}, which reproduce entry {entry.name!r} does not "
+                          f"compare ({', '.join(entry.groups)}); expected a folder of "
+                          f"`posbench reproduce {entry.name}`")
+
+
+def _key(x: float) -> str:
+    """A measured x as a JSON key: a length ratio `8` or `0.5`, a parameter count in full."""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _cell(value: Optional[float]) -> str:
+    return "—" if value is None else f"{value:.3f}" if value < 100 else f"{value:.1f}"
+
+
+def columns(entry, measured: Measured, train_len: int) -> List[Tuple[str, str, object]]:
+    """(header, source, key) per column: each published column, then the posbench column it is
+    compared with, then posbench's columns that compare with none."""
+    def measured_head(x: float) -> str:
+        return (f"posbench {round(x * train_len)} ({x_text(x)})" if entry.axis == "length"
+                else f"posbench {size_label(x)}")
+
+    pairs = entry.pairs(measured)
+    out = []
+    for col, x in pairs.items():
+        head = (f"paper {col} ({x_text(entry.x_of(col))})" if entry.axis == "length"
+                else f"paper {col}")
+        out.append((head, "paper", col))
+        if x is not None:
+            out.append((measured_head(x), "posbench", x))
+    used = {x for x in pairs.values() if x is not None}
+    xs = sorted({x for row in measured.values.values() for x in row} - used)
+    out += [(measured_head(x), "posbench", x) for x in xs]
+    return out
+
+
+def table(entry, measured: Measured, train_len: int, ratio: bool = False) -> List[str]:
+    """Markdown rows: perplexity, or (ratio) perplexity over its value at L."""
+    cols = columns(entry, measured, train_len)
+    lines = ["| group | " + " | ".join(head for head, _, _ in cols) + " |",
+             "|---|" + "---:|" * len(cols)]
+    for group in entry.groups:
+        paper_row = entry.published.get(group, {})
+        ours = measured.values.get(group, {})
+        first = next(iter(paper_row.values()), None)
+        cells = []
+        for _, source, key in cols:
+            if source == "paper":
+                value = paper_row.get(key)
+                if value is None and key in paper_row:
+                    cells.append("OOM")
+                    continue
+                if ratio and value is not None:
+                    value = value / first if first else None
+            else:
+                value = ours.get(key)
+                if ratio and value is not None:
+                    value = value / ours[1.0] if 1.0 in ours else None
+            cells.append(_cell(value))
+        lines.append(f"| {group} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def render(entry, folder: Path, records: List[dict], measured: Measured,
+           verdicts: List[Tuple[Claim, str, str]], train_len: int) -> str:
+    seeds: Dict[str, int] = {}
+    for record in records:
+        seeds[record["encoding"]] = seeds.get(record["encoding"], 0) + 1
+    scale = ("the paper's setting" if entry.at_paper_scale()
+             else f"reduced from the paper's: {entry.reduction}")
+    lines = [f"# posbench reproduce {entry.name}", "",
+             f"{entry.paper}, {entry.where}.", "",
+             f"- Setting: {entry.setting}; {scale.rstrip('.')}.",
+             f"- Published numbers: {entry.source.rstrip('.')}.",
+             f"- Runs: {len(records)} finished in {folder} (runs per encoding: "
+             + ", ".join(f"{g} {n}" for g, n in sorted(seeds.items())) + ").", "",
+             "## Verdicts", "",
+             "| claim | verdict | measured |", "|---|---|---|"]
+    lines += [f"| {claim.name} | {verdict} | {detail} |" for claim, verdict, detail in verdicts]
+    lines += ["", "Each claim, its tolerance and why:", ""]
+    lines += [f"- **{claim.name}** ({verdict}): {claim.statement}. Tolerance "
+              f"{claim.tolerance_text()}: {claim.why}." for claim, verdict, _ in verdicts]
+    what = "at the training length by model size" if entry.axis == "size" else "by length"
+    lines += ["", f"## Perplexity {what}: the paper's and posbench's", ""]
+    if entry.axis == "length":
+        lines += [f"Each published length is set beside the posbench length of the nearest "
+                  f"ratio to the training length (the paper's L = {entry.paper_train_length}, "
+                  f"posbench's L = {train_len}). Absolute perplexities "
+                  + ("are of different models and corpora: compare the ratios below."
+                     if not entry.at_paper_scale() else "differ with the model and budget; "
+                     "the claims read ratios and orderings."), ""]
+    else:
+        lines += ["The ends of posbench's ladder of sizes are set beside the ends of the "
+                  "paper's; absolute perplexities are of different models and corpora.", ""]
+    lines += table(entry, measured, train_len)
+    if entry.axis == "length":
+        lines += ["", "## Perplexity over its value at L", ""]
+        lines += table(entry, measured, train_len, ratio=True)
+    return "\n".join(lines) + "\n"
+
+
+def judge(entry, folder: Path, flag: str = "--report") -> dict:
+    """Judge the finished runs below `folder` for `entry`; writes reproduction.md and
+    reproduction.json there and prints the report. ConfigError (nothing written) for a folder
+    that holds no finished run or runs of another entry."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ConfigError(f"{flag}={str(folder)!r} is not accepted; expected a folder of runs "
+                          f"of `posbench reproduce {entry.name}`")
+    records = finished_records(folder)
+    if not records:
+        raise ConfigError(f"{flag}={str(folder)!r} is not accepted: it holds no finished run "
+                          f"({RESULTS} with status ok); expected a sweep dir of `posbench "
+                          f"reproduce {entry.name}`")
+    check_owner(entry, folder, records, flag)
+    measured = entry.measure(records)
+    train_len = records[0]["train"]["seq_len"]
+    verdicts = [(claim, *claim.judge(measured)) for claim in entry.claims]
+    assert all(v in VERDICTS for _, v, _ in verdicts), verdicts
+    text = render(entry, folder, records, measured, verdicts, train_len)
+    record = {
+        "entry": entry.name, "paper": entry.paper, "where": entry.where,
+        "setting": entry.setting, "at_paper_scale": entry.at_paper_scale(),
+        "reduction": entry.reduction, "axis": entry.axis,
+        "paper_train_length": entry.paper_train_length, "train_length": train_len,
+        "published": {g: {str(x): v for x, v in row.items()} for g, row in entry.published.items()},
+        "source": entry.source,
+        "measured": {g: {_key(x): v for x, v in row.items()}
+                     for g, row in measured.values.items()},
+        "pairs": {str(col): None if x is None else _key(x)
+                  for col, x in entry.pairs(measured).items()},
+        "runs": [r["_dir"] for r in records],
+        "claims": [{"name": c.name, "statement": c.statement, "tolerance": c.tolerance,
+                    "tolerance_text": c.tolerance_text(), "why": c.why, "verdict": verdict,
+                    "detail": detail} for c, verdict, detail in verdicts],
+        "version": __version__, "judged_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    write_text(folder / REPORT_MD, text)
+    write_json(folder / REPORT_JSON, record)
+    print(text)
+    print(f"wrote {folder / REPORT_MD}, {REPORT_JSON}")
+    return record
