@@ -261,8 +261,11 @@ class GroupPE(PositionalEncoding):
             if rates is not None:  # future lags are masked afterwards; clamping keeps them finite
                 score = score * torch.exp(rates[h] * lag.clamp(min=0))
             if coefficients is not None:  # b(Δ) = Σ_r c_r Δ^r by Horner
-                bias = coefficients[h, -1]
-                for r in range(coefficients.shape[-1] - 2, -1, -1):
+                # indices counted from 0: this score_mod alone among the flex encodings read
+                # coefficients[h, -1], and alone disagreed with the CPU on an H100 (2026-11-25)
+                top = coefficients.shape[-1] - 1
+                bias = coefficients[h, top]
+                for r in range(top - 1, -1, -1):
                     bias = bias * lag + coefficients[h, r]
                 score = score + bias
             return score
