@@ -15,7 +15,7 @@ from typing import List, Optional
 from omegaconf import DictConfig
 
 import posbench.resolvers  # noqa: F401  the ${posbench.*} resolvers of conf/config.yaml
-from posbench.config import check, register_schemas
+from posbench.config import check, register_schemas, register_target_schema
 from posbench.encodings import list_encodings
 from posbench.errors import ConfigError
 from posbench.model import build_model
@@ -31,9 +31,15 @@ def compose(overrides: Optional[List[str]] = None) -> DictConfig:
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
+    overrides = list(overrides or [])
     GlobalHydra.instance().clear()
     with initialize_config_module(config_module="posbench.conf", version_base=None):
-        cfg = hydra_compose(config_name="config", overrides=list(overrides or []))
+        # without the encoding's own keys, which a user's `_target_` class types only once
+        # register_target_schema has imported it
+        chosen = [o for o in overrides if not o.lstrip("+~").startswith("encoding.")]
+        register_target_schema(hydra_compose(config_name="config", overrides=chosen,
+                                             return_hydra_config=True))
+        cfg = hydra_compose(config_name="config", overrides=overrides)
     check(cfg)
     return cfg
 

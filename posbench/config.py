@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -153,6 +154,32 @@ def schema_class(name: str) -> Optional[type]:
 def register_schemas() -> None:
     # first in config.yaml's defaults: every group merged after it is checked against these types
     ConfigStore.instance().store(name="posbench_schema", node=schema())
+
+
+# Hydra merges conf/encoding/NAME.yaml into the ConfigStore schema called encoding/NAME (see
+# register_target_schema), and warns in four lines that this matching is deprecated (Hydra 1.3
+# still does it, and nothing else types a config file without a defaults list in it)
+warnings.filterwarnings("ignore", message=r"\s*'encoding/\S+' is validated against ConfigStore schema",
+                        category=UserWarning)
+
+
+def register_target_schema(cfg: DictConfig) -> None:
+    """An encoding config file with `_target_` (the user's own class) is typed by its class's
+    Config: stored as the ConfigStore schema of the file's name, which Hydra merges the file into,
+    so that `encoding.KEY=VALUE` overrides a field the file does not set, and a class that
+    registers itself under the file's name (whose schema has no `_target_`) no longer clashes with
+    it. `cfg`: a composed config with its hydra node, which names the file chosen; Hydra sees the
+    schema from the next composition on."""
+    from posbench.encodings.base import encoding_class
+
+    target = cfg.encoding.get("_target_")
+    if target is None:
+        return
+    typed = OmegaConf.structured(encoding_class(cfg.encoding).Config)  # imports the class
+    with open_dict(typed):
+        typed._target_ = target
+    ConfigStore.instance().store(group="encoding", name=cfg.hydra.runtime.choices.encoding,
+                                 node=typed)
 
 
 def _no_extra_keys(node: DictConfig, schema: type, prefix: str = "") -> None:

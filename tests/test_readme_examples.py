@@ -1,5 +1,6 @@
 """The README's examples of a new encoding, dataset, task and evaluation, run as the files they say
 they are, each held to its contract with numbers from an oracle written here."""
+import os
 import re
 import sys
 import types
@@ -19,7 +20,7 @@ from posbench.data.tasks import BOS, FIRST, SEP
 from posbench.encodings import base as encodings
 from posbench.errors import ConfigError
 from posbench.results import results_record
-from helpers import window_starts
+from helpers import posbench_cli, results, window_starts
 
 README = (Path(__file__).parents[1] / "README.md").read_text()
 
@@ -139,3 +140,25 @@ def test_the_evaluation_example_counts_right_top_predictions(module, toy, stdlib
                             sections=scores)
     assert record["eval"]["top1"] == scores["top1"] and len(scores["top1"]) == 2
     assert record["eval"]["retrieval"] is None  # a section that did not run
+
+
+def test_the_encoding_example_outside_the_package_runs_as_the_readme_says(tmp_path, toy):
+    """The README's recipe verbatim: the example's class as mypkg.py, the config file its prose
+    names with the two keys it names, `posbench train encoding=power_bias` from that folder."""
+    recipe = re.search(r"outside the package plugs in through Hydra's `_target_`: put\s+"
+                       r"`(_target_: mypkg\.PowerBias)` and `(name: power_bias)` in\s+"
+                       r"`(conf/encoding/power_bias\.yaml)`", README)
+    (tmp_path / "mypkg.py").write_text(example("posbench/encodings/power_bias.py"))
+    (tmp_path / recipe[3]).parent.mkdir(parents=True)
+    (tmp_path / recipe[3]).write_text(f"{recipe[1]}\n{recipe[2]}\n")
+    env = {**os.environ, "PYTHONPATH": "."}
+    args = ["train", "encoding=power_bias", *toy]
+    proc = posbench_cli(*args, "encoding.alpha=0.7", "hydra.run.dir=run", cwd=tmp_path, env=env)
+    assert "deprecated" not in proc.stderr
+    assert results(tmp_path / "run")["config"]["encoding"] == {
+        "_target_": "mypkg.PowerBias", "name": "power_bias", "alpha": 0.7}
+    bad = posbench_cli(*args, "encoding.alpha=3", "hydra.run.dir=bad", cwd=tmp_path, env=env,
+                       ok=False)
+    assert bad.returncode == 2 and bad.stderr == (
+        "posbench: error: encoding.alpha=3.0 is not accepted; expected 0 < alpha <= 2\n")
+    assert not (tmp_path / "bad").exists()
