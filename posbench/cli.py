@@ -141,7 +141,7 @@ def run_job(cfg: DictConfig, run_dir: Path, multirun: bool) -> None:
     """train_app's job, and `posbench extend`'s with the extension's config."""
     from posbench.estimate import available_memory, describe, estimate, eval_warning, gib, refusal
     from posbench.loggers import wandb_group
-    from posbench.device import resolve_device
+    from posbench.device import resolve_device, set_threads
     from posbench.run import RunDir, RunFailed, train
 
     main_rank = distributed.is_main()
@@ -164,6 +164,7 @@ def run_job(cfg: DictConfig, run_dir: Path, multirun: bool) -> None:
             warning = eval_warning(est, room)
             if warning:
                 print(f"posbench: warning: {warning}")
+        set_threads(parallel_jobs())
         start = run.plan()
     except PosbenchError as err:
         return _refused(run_dir, err, multirun)
@@ -192,10 +193,18 @@ def run_job(cfg: DictConfig, run_dir: Path, multirun: bool) -> None:
             print(f"posbench: run dir {run_dir} holds its results")
 
 
+def parallel_jobs() -> int:
+    """How many jobs of this command run at once: a sweep's hydra.launcher.n_jobs (joblib), else
+    one (the basic launcher runs them in turn; a SLURM job has cores of its own)."""
+    hc = HydraConfig.get()
+    return hc.launcher.get("n_jobs", 1) if hc.mode == RunMode.MULTIRUN else 1
+
+
 @hydra.main(version_base=None, config_path=None, config_name=None)
 def eval_app(cfg: DictConfig) -> None:
     """One re-score of one run (the run dir is in Hydra's config, EVAL_RUN): refusals are
     reported, never raised, so that the other runs and values go on."""
+    from posbench.device import set_threads
     from posbench.encodings.base import encoding_class
     from posbench.reeval import reevaluate
 
@@ -211,6 +220,7 @@ def eval_app(cfg: DictConfig) -> None:
                   f"encoding={cfg.encoding.name}")
             return
         check(cfg)
+        set_threads(parallel_jobs())
         reevaluate(cfg, run_dir)
     except PosbenchError as err:
         _job_error(err, 2)

@@ -1,9 +1,12 @@
 """The device a run computes on and at what precision, in one place: `device=auto|cpu|cuda`,
 bf16 autocast on CUDA (fp32 on CPU) for training and every evaluation, TF32 matmuls where
-training runs on CUDA, and the RNG states a checkpoint keeps for an exact resume."""
+training runs on CUDA, the RNG states a checkpoint keeps for an exact resume, and how many CPU
+threads torch uses."""
 from __future__ import annotations
 
+import os
 from contextlib import nullcontext
+from typing import Mapping, Optional
 
 import torch
 
@@ -50,3 +53,46 @@ def set_rng_state(state: dict, device: torch.device) -> None:
     # run never drew from.
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def usable_cores(environ: Mapping[str, str] = os.environ) -> int:
+    """The cores this process may run on: its CPU affinity (taskset, a container's cpuset), or
+    SLURM_CPUS_PER_TASK where SLURM allots fewer."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    slurm = environ.get("SLURM_CPUS_PER_TASK", "")
+    return max(1, min(cores or 1, int(slurm) if slurm.isdigit() else cores or 1))
+
+
+def job_threads(cores: int, n_jobs: int, environ: Mapping[str, str] = os.environ
+                ) -> Optional[int]:
+    """Torch threads for one job: the usable cores shared among the `n_jobs` jobs a sweep runs at
+    once (hydra.launcher.n_jobs; joblib's -1 is one job per core); None where the user set
+    OMP_NUM_THREADS, which torch reads itself. Torch's default, every core, oversubscribes cores
+    that other jobs share: a toy run trained 13x slower than on one thread."""
+    if environ.get("OMP_NUM_THREADS"):
+        return None
+    jobs = cores + 1 + n_jobs if n_jobs < 0 else n_jobs
+    return max(1, cores // max(1, jobs))
+
+
+def busy_warning(load: float, cores: int, threads: int) -> Optional[str]:
+    """A line when the 1-minute load average says other work already keeps the usable cores
+    busy, where `threads` > 1 would compete with it; else None."""
+    if threads <= 1 or load < cores:
+        return None
+    return (f"the 1-minute load average is {load:.1f} on the {cores} cores this process may use, "
+            f"so {threads} torch threads compete with other work and may train many times "
+            "slower; OMP_NUM_THREADS=1 runs one")
+
+
+def set_threads(n_jobs: int) -> None:
+    """Sets torch's threads for a job of a sweep of `n_jobs` parallel jobs (see job_threads),
+    and warns in one line when the cores are busy."""
+    cores = usable_cores()
+    threads = job_threads(cores, n_jobs)
+    if threads is None:
+        return
+    torch.set_num_threads(threads)
+    warning = busy_warning(os.getloadavg()[0], cores, threads)
+    if warning:
+        print(f"posbench: warning: {warning}", flush=True)
