@@ -6,6 +6,7 @@ import dataclasses
 import os
 import re
 import select
+import shlex
 import signal
 import sys
 import tempfile
@@ -128,6 +129,19 @@ def _finished_run(cfg: DictConfig, run_dir: Path, record: dict) -> None:
         reevaluate(cfg, run_dir, record)
 
 
+# the command line as the user typed it (posbench's arguments), which resume_command repeats
+_command: List[str] = []
+
+
+def resume_command(run_dir: Path, multirun: bool) -> str:
+    """This command with its run dir named (a sweep's dir, for a job of one): run again as it
+    was, it would train in a new timestamped dir from step 0."""
+    key, folder = ("hydra.sweep.dir", run_dir.parent) if multirun else ("hydra.run.dir", run_dir)
+    value = str(folder) if re.fullmatch(r"[\w./:+-]+", str(folder)) else hydra_quoted(str(folder))
+    args = [arg for arg in _command if not arg.startswith(f"{key}=")]
+    return shlex.join(["posbench", *args, f"{key}={value}"])
+
+
 @hydra.main(version_base=None, config_path="pkg://posbench.conf", config_name="config")
 def train_app(cfg: DictConfig) -> None:
     """One run: skipped when its run dir holds its results (or re-scored, for new eval settings),
@@ -183,7 +197,7 @@ def run_job(cfg: DictConfig, run_dir: Path, multirun: bool) -> None:
     try:
         # wandb: the runs of a sweep share its group; each run is named like its dir
         train(cfg, run_dir, group=wandb_group(run_dir.parent if multirun else run_dir),
-              name=run_dir.name, start=start)
+              name=run_dir.name, start=start, again=f"`{resume_command(run_dir, multirun)}`")
     except PosbenchError as err:
         _job_error(err, 2)
     except RunFailed as err:
@@ -595,6 +609,7 @@ def lengths_option(args: list):
 
 def main() -> None:
     argv = sys.argv[1:]
+    _command[:] = argv
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         sys.exit(0 if argv else 2)

@@ -159,8 +159,8 @@ def register_schemas() -> None:
 # Hydra merges conf/encoding/NAME.yaml into the ConfigStore schema called encoding/NAME (see
 # register_target_schema), and warns in four lines that this matching is deprecated (Hydra 1.3
 # still does it, and nothing else types a config file without a defaults list in it)
-warnings.filterwarnings("ignore", message=r"\s*'encoding/\S+' is validated against ConfigStore schema",
-                        category=UserWarning)
+warnings.filterwarnings("ignore", category=UserWarning,
+                        message=r"\s*'encoding/\S+' is validated against ConfigStore schema")
 
 
 def register_target_schema(cfg: DictConfig) -> None:

@@ -249,9 +249,9 @@ def check_resumable(cfg: DictConfig, checkpoint: Checkpoint, path: Path, data: D
 
 
 def record_failure(cfg: DictConfig, start: Start, run_dir: Path, progress: Progress,
-                   err: BaseException) -> RunFailed:
+                   err: BaseException, again: str = "starting the run again") -> RunFailed:
     """Writes results.json with status failed (interrupted, for Ctrl-C) and the reason; the
-    failure in one line."""
+    failure in one line, which says that `again` (the command that resumes) resumes it."""
     t = cfg.train
     reason = one_line(err)
     status = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
@@ -262,8 +262,8 @@ def record_failure(cfg: DictConfig, start: Start, run_dir: Path, progress: Progr
                                    "steps_done": progress.step, "last_loss": progress.last_loss,
                                    "checkpoint_step": progress.saved_step,
                                    "resumed_from_step": progress.first})
-    kept = (f"its checkpoint at step {progress.saved_step} is kept: starting the run again "
-            "resumes from it" if progress.saved_step is not None else "no checkpoint was saved")
+    kept = (f"its checkpoint at step {progress.saved_step} is kept: {again} resumes from it"
+            if progress.saved_step is not None else "no checkpoint was saved")
     try:
         if distributed.is_main():
             write_json(run_dir / RESULTS, record)
@@ -274,20 +274,21 @@ def record_failure(cfg: DictConfig, start: Start, run_dir: Path, progress: Progr
 
 
 def train(cfg: DictConfig, run_dir: Path, group: str, name: str,
-          start: Optional[Start] = None) -> Optional[dict]:
+          start: Optional[Start] = None, again: str = "starting the run again") -> Optional[dict]:
     """Trains (or resumes) the run in `run_dir`, evaluates it and writes its results; raises
-    RunFailed after recording a failure in results.json. Under torchrun only rank 0 writes and
-    evaluates; the other ranks return None after training. Releases the run dir's lock."""
+    RunFailed after recording a failure in results.json (whose line names `again`, what
+    resumes it). Under torchrun only rank 0 writes and evaluates; the other ranks return None
+    after training. Releases the run dir's lock."""
     run_dir = Path(run_dir)
     start = start or RunDir(cfg, run_dir).plan()
     try:
-        return run_started(cfg, run_dir, group, name, start)
+        return run_started(cfg, run_dir, group, name, start, again)
     finally:
         start.release()
 
 
-def run_started(cfg: DictConfig, run_dir: Path, group: str, name: str,
-                start: Start) -> Optional[dict]:
+def run_started(cfg: DictConfig, run_dir: Path, group: str, name: str, start: Start,
+                again: str) -> Optional[dict]:
     """train() once its run dir is planned (and locked)."""
     main = distributed.is_main()
     for tmp in run_dir.glob(f".{CHECKPOINT}.*"):  # a checkpoint write cut short by a kill
@@ -307,9 +308,9 @@ def run_started(cfg: DictConfig, run_dir: Path, group: str, name: str,
                                 sections=scores)
         write_results(run_dir, record)
     except Exception as err:  # noqa: BLE001 - any failure of a started run is recorded
-        raise record_failure(cfg, start, run_dir, progress, err) from err
+        raise record_failure(cfg, start, run_dir, progress, err, again) from err
     except KeyboardInterrupt as err:  # recorded like a failure, but it stops a sweep too
-        raise Interrupted(str(record_failure(cfg, start, run_dir, progress, err))) from None
+        raise Interrupted(str(record_failure(cfg, start, run_dir, progress, err, again))) from None
     logger.log_curve(scores["curve"], step=cfg.train.steps + 1)  # after every training row
     logger.finish({"final_loss": summary["final_loss"],
                    "train_len_ppl": record["eval"]["train_len_ppl"],

@@ -7,6 +7,7 @@ import os
 import random
 import resource
 import shutil
+import shlex
 import signal
 import subprocess
 import time
@@ -266,3 +267,25 @@ def test_a_full_disk_fails_in_one_line_and_leaves_no_partial_file(tmp_path, stdl
     assert sorted(p.name for p in run_dir.iterdir()) == [".hydra", "metrics.csv", "results.json"]
     record = results(run_dir)
     assert record["status"] == "failed" and "File too large" in record["error"]
+
+
+def test_ctrl_c_prints_the_command_that_resumes_and_it_does(tmp_path):
+    """With no hydra.run.dir given, the same command again would start a new timestamped dir:
+    the line names the command with this run's dir, and that command resumes."""
+    proc = subprocess.Popen([POSBENCH, "train", *RUN], cwd=tmp_path, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("outputs/*/*/checkpoint.pt")):
+        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    (run_dir,) = tmp_path.glob("outputs/*/*")
+    (line,) = [line for line in err.splitlines() if line.startswith("posbench: interrupted")]
+    command = line.split("`")[1]
+    assert command == shlex.join(["posbench", "train", *RUN, f"hydra.run.dir={run_dir}"])
+    subprocess.run(shlex.split(command), cwd=tmp_path, env=ENV, check=True, capture_output=True,
+                   timeout=300)
+    assert results(run_dir)["train"]["resumed_from_step"] > 0
+    assert list(tmp_path.glob("outputs/*/*")) == [run_dir]
