@@ -555,13 +555,20 @@ def honour_ctrl_c(grace: float = 10.0):
     huge length) can hold it off for minutes. The C-level handler also writes the signal to a
     wakeup fd, which a thread watches: when the process still runs `grace` seconds after a
     Ctrl-C, or at a second one, it says so in one line and exits with status 130. Checkpoints and
-    results are written atomically, so the files on disk stay whole."""
+    results are written atomically, so the files on disk stay whole. SIGTERM (kill, docker stop,
+    SLURM preemption) stops the process as Ctrl-C does: a started run records that it was
+    interrupted and releases its lock, where Python's default would end it on the spot."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     read, write = os.pipe()
     os.set_blocking(write, False)
     previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+
+    def terminated(signum, frame):
+        raise KeyboardInterrupt("SIGTERM")
+
+    previous_term = signal.signal(signal.SIGTERM, terminated)
 
     def watch() -> None:
         deadline = None
@@ -572,7 +579,7 @@ def honour_ctrl_c(grace: float = 10.0):
             received = os.read(read, 64)
             if 0 in received:  # the block below ended
                 return
-            if signal.SIGINT in received:
+            if signal.SIGINT in received or signal.SIGTERM in received:
                 if deadline is not None:
                     break
                 deadline = time.monotonic() + grace
@@ -585,6 +592,7 @@ def honour_ctrl_c(grace: float = 10.0):
     try:
         yield
     finally:
+        signal.signal(signal.SIGTERM, previous_term)
         signal.set_wakeup_fd(previous)
         os.write(write, b"\0")
         watcher.join()

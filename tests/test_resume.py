@@ -98,8 +98,9 @@ def test_a_run_killed_at_a_random_step_resumes_bit_for_bit(finished, tmp_path):
     assert not list(run_dir.glob(".*.*")), "a temporary file was left behind"
 
 
-def interrupted_after_a_checkpoint(args, run_dir, cwd):
-    """`posbench train` stopped with Ctrl-C (SIGINT) once it saved a checkpoint: its output."""
+def interrupted_after_a_checkpoint(args, run_dir, cwd, signum=signal.SIGINT):
+    """`posbench train` stopped with Ctrl-C (SIGINT, or `signum`) once it saved a checkpoint: its
+    output."""
     # SIGINT back to its default in the child: a shell without job control starts background
     # jobs (CI, perhaps) with it ignored, and the child would inherit that
     proc = subprocess.Popen([POSBENCH, "train", *args, f"hydra.run.dir={run_dir}"], cwd=cwd,
@@ -109,7 +110,7 @@ def interrupted_after_a_checkpoint(args, run_dir, cwd):
     while not (run_dir / "checkpoint.pt").exists():
         assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint appeared"
         time.sleep(0.005)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-2000:]
     return out, err
@@ -289,3 +290,19 @@ def test_ctrl_c_prints_the_command_that_resumes_and_it_does(tmp_path):
                    timeout=300)
     assert results(run_dir)["train"]["resumed_from_step"] > 0
     assert list(tmp_path.glob("outputs/*/*")) == [run_dir]
+
+
+def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path):
+    """SLURM's preemption and `docker stop` send SIGTERM: the run records that it was
+    interrupted, releases its lock and resumes."""
+    run_dir = tmp_path / "run"
+    _, err = interrupted_after_a_checkpoint(RUN, run_dir, tmp_path, signal.SIGTERM)
+    assert "Traceback" not in err
+    (line,) = [line for line in err.splitlines() if line.startswith("posbench: interrupted")]
+    assert "stopped at step" in line and "SIGTERM" in line
+    record = results(run_dir)
+    assert record["status"] == "interrupted" and record["error"] == "KeyboardInterrupt: SIGTERM"
+    assert not (run_dir / "run.lock").exists()
+    proc = posbench_train([*RUN, f"hydra.run.dir={run_dir}"], tmp_path)
+    assert "stale lock" not in proc.stdout
+    assert results(run_dir)["train"]["resumed_from_step"] == record["train"]["checkpoint_step"]
