@@ -286,6 +286,12 @@ def _composition_error(err: Exception) -> ConfigError:
         return ConfigError(f"{unknown[3]} is not a config key; {unknown[1]!r} is not in "
                            f"{unknown[2]}{did_you_mean(unknown[1], known)} (see `posbench train "
                            "--cfg job` for the keys)")
+    absent = re.search(r"Could not override '([^']+)'", msg)  # a key of a saved run's config
+    if absent:
+        prefix, _, key = absent[1].rpartition(".")
+        known = config_module.schema_keys(prefix)
+        return ConfigError(f"{absent[1]} is not a config key{did_you_mean(key, known)}"
+                           + (f"; expected one of: {', '.join(known)}" if known else ""))
     lines = [line.strip() for line in msg.splitlines() if line.strip()]
     why = next((line for line in lines[1:] if not line.startswith(("full_key", "reference_type",
                                                                      "object_type"))), "")

@@ -151,6 +151,18 @@ def schema_class(name: str) -> Optional[type]:
     return next((cls for cls in found if cls.__name__ == name), None)
 
 
+def schema_keys(prefix: str) -> list:
+    """The keys the schema types below `prefix` ("eval.retrieval"; "" for the top), or [] where
+    it types none (an encoding's, a dataset's)."""
+    cls = schema()
+    for part in filter(None, prefix.split(".")):
+        sub = {f.name: f.default_factory for f in dataclasses.fields(cls)}.get(part)
+        if not dataclasses.is_dataclass(sub):
+            return []
+        cls = sub
+    return [f.name for f in dataclasses.fields(cls)]
+
+
 def register_schemas() -> None:
     # first in config.yaml's defaults: every group merged after it is checked against these types
     ConfigStore.instance().store(name="posbench_schema", node=schema())
@@ -214,7 +226,7 @@ def _check_training_extension(cfg) -> None:
     t = cfg.train
     scaling = t.get("rope_scaling", "none")  # absent from runs saved before they existed
     require(scaling in TRAIN_ROPE_SCALINGS, "train.rope_scaling", scaling,
-            f"one of {TRAIN_ROPE_SCALINGS}")
+            f"one of: {', '.join(TRAIN_ROPE_SCALINGS)}{did_you_mean(scaling, TRAIN_ROPE_SCALINGS)}")
     require(scaling == "none" or encoding_class(cfg.encoding).rotary, "train.rope_scaling",
             scaling, f"'none' for encoding={cfg.encoding.get('name')}, which does not rotate q "
             "and k")
@@ -376,8 +388,9 @@ def check(cfg: DictConfig) -> None:
     require(0 <= cfg.train.warmup_steps, "train.warmup_steps", cfg.train.warmup_steps,
              "an integer >= 0")
     evaluations.check(cfg)  # the protocol's keys and every section's
-    require(cfg.eval.rope_scaling in ROPE_SCALINGS, "eval.rope_scaling", cfg.eval.rope_scaling,
-             f"one of {ROPE_SCALINGS}")
+    scaling = cfg.eval.rope_scaling
+    require(scaling in ROPE_SCALINGS, "eval.rope_scaling", scaling,
+            f"one of: {', '.join(ROPE_SCALINGS)}{did_you_mean(scaling, ROPE_SCALINGS)}")
     require(cfg.eval.rope_scaling == "none" or encoding_class(cfg.encoding).rotary,
              "eval.rope_scaling", cfg.eval.rope_scaling,
              f"'none' for encoding={cfg.encoding.get('name')}, which does not rotate q and k")

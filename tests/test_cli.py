@@ -153,3 +153,26 @@ def test_a_run_whose_hydra_files_cannot_be_written_frees_its_run_dir(tmp_path, t
                           capsys)
     assert proc.returncode == 1 and "could not start: OSError" in proc.stderr
     assert not (tmp_path / "run" / "run.lock").exists()  # released: a next start may take it
+
+
+def test_typos_in_eval_are_one_line_with_a_did_you_mean(tmp_path, toy):
+    """`posbench eval` composes a run's saved config, which Hydra holds no schema for: a
+    misspelt key got Hydra's advice to add it with `+`, a misspelt choice a Python tuple."""
+    posbench_cli("train", *toy, "hydra.run.dir=run", cwd=tmp_path)
+    before = sorted(p for p in tmp_path.rglob("*"))
+    for arg, line in [
+            ("eval.lenghts=[128]", "eval.lenghts is not a config key (did you mean 'lengths'?); "
+             "expected one of: lengths, tokens, protocol, stride, batch_tokens, rope_scaling, "
+             "rope_scaling_factor, rope_window, rope_shift, temperature, randomized_positions, "
+             "ppl_tolerance, retrieval"),
+            ("eval.retrieval.enabeld=true", "eval.retrieval.enabeld is not a config key (did you "
+             "mean 'enabled'?); expected one of: enabled, lengths, depths, key_tokens, keys, "
+             "trials, seed, metric, threshold"),
+            ("eval.rope_scaling=yarnn", "eval.rope_scaling='yarnn' is not accepted; expected one "
+             "of: none, pi, ntk, dynamic_ntk, yarn, rerope, self_extend, shifted_rope (did you "
+             "mean 'yarn'?)")]:
+        proc = posbench_cli("eval", "run", arg, cwd=tmp_path, ok=False)
+        assert (proc.returncode, proc.stderr) == (2, f"posbench: error: {line}\n")
+    assert sorted(p for p in tmp_path.rglob("*")) == before
+    proc = posbench_cli("train", "train.rope_scaling=yarnn", cwd=tmp_path, ok=False)
+    assert proc.returncode == 2 and "(did you mean 'yarn'?)" in proc.stderr
