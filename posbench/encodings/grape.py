@@ -196,11 +196,12 @@ class GrapeA(PositionalEncoding):
         1 · (ω m λ_k(k_j) p_j)."""
         rate, query, key = self.gates(q, k, layer)
         rate = rate.view(-1, 1)  # (H, 1)
-        query = rate if query is None else rate * query
+        # the query's term, or with no gate at all the rate's; a key gate alone has none
+        lead = rate * query if query is not None else (rate if key is None else None)
 
         def factors(origin):
             p = (pos - pos[:, origin:origin + 1]).to(rate.dtype).unsqueeze(1)  # (B or 1, 1, T)
-            a, b = [query], [p]
+            a, b = ([lead], [p]) if lead is not None else ([], [])
             if key is not None:
                 a += [-rate * p, torch.ones_like(key)]
                 b += [key, rate * key * p]

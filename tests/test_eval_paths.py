@@ -1,0 +1,37 @@
+"""Every encoding's evaluation paths give its training path's logits on the same weights.
+Evaluation (no gradient) takes faster exact paths of its own (posbench/lag_bias.py: lag tables,
+rows of lags, decays, a bias's low-rank factors); a slip in one of them scores a model other than
+the one trained, on one device and not the other. Both forwards here run in eval mode in float64,
+so the paths are all that differs."""
+import pytest
+import torch
+
+import posbench
+
+from helpers import tiny_model
+
+TRAIN_LEN, LENGTH = 32, 96  # scored past the training length, where the lag tables reach
+# grape_a's gates take another bias_factors branch each
+CASES = [(name, ()) for name in posbench.list_encodings()] + [
+    ("grape_a", (f"encoding.gate={gate}",)) for gate in ("query", "key", "none")]
+
+
+def off_init(model):
+    """The encoding's parameters moved off their init: T5's bias and CoPE's table start at 0."""
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.encoding.parameters():
+            p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.3)
+    return model
+
+
+@pytest.mark.parametrize("name, extra", CASES, ids=[" ".join((n, *e)) for n, e in CASES])
+def test_evaluation_paths_give_the_training_paths_logits(name, extra):
+    model = off_init(tiny_model(f"train.seq_len={TRAIN_LEN}", f"eval.lengths=[{LENGTH}]",
+                                *extra, name=name).double())
+    idx = torch.randint(0, 64, (2, LENGTH), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        evaluated = model(idx)
+    with torch.enable_grad():
+        trained = model(idx)
+    torch.testing.assert_close(evaluated, trained.detach(), rtol=1e-9, atol=1e-9)
