@@ -175,9 +175,9 @@ def run_job(cfg: DictConfig, run_dir: Path, multirun: bool) -> None:
             print(f"posbench: run dir {run_dir}")
             print(f"posbench: estimate: {describe(est)}; "
                   + (f"{gib(room)} available ({source})" if room else f"memory unknown: {source}"))
-            warning = eval_warning(est, room)
-            if warning:
-                print(f"posbench: warning: {warning}")
+            for warning in (eval_warning(est, room), config_module.eval_lengths_warning(cfg)):
+                if warning:
+                    print(f"posbench: warning: {warning}")
         set_threads(parallel_jobs())
         start = run.plan()
     except PosbenchError as err:

@@ -409,6 +409,17 @@ def check(cfg: DictConfig) -> None:
     encoding_config(cfg)  # validates the encoding's own keys and ranges
 
 
+def eval_lengths_warning(cfg: DictConfig) -> Optional[str]:
+    """A line when no evaluation length lies past the training length: the run then measures no
+    extrapolation, its headline. A warning, not a refusal: scoring at the training length alone
+    is a study of its own (Haviv et al. 2022's, in posbench reproduce)."""
+    if max(cfg.eval.lengths) > cfg.train.seq_len:
+        return None
+    return (f"eval.lengths={list(cfg.eval.lengths)} has no length past "
+            f"train.seq_len={cfg.train.seq_len}: the run measures no extrapolation (its log-ppl "
+            f"growth past L is '—' in reports); a length above {cfg.train.seq_len} measures it")
+
+
 def to_container(cfg: DictConfig) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)
 

@@ -176,3 +176,15 @@ def test_typos_in_eval_are_one_line_with_a_did_you_mean(tmp_path, toy):
     assert sorted(p for p in tmp_path.rglob("*")) == before
     proc = posbench_cli("train", "train.rope_scaling=yarnn", cwd=tmp_path, ok=False)
     assert proc.returncode == 2 and "(did you mean 'yarn'?)" in proc.stderr
+
+
+def test_eval_lengths_none_past_the_training_length_are_named_before_training(tmp_path, toy):
+    proc = posbench_cli("train", *toy, "eval.lengths=[16,32]", "hydra.run.dir=run", cwd=tmp_path)
+    warning = ("posbench: warning: eval.lengths=[16, 32] has no length past train.seq_len=32: "
+               "the run measures no extrapolation (its log-ppl growth past L is '—' in reports); "
+               "a length above 32 measures it")
+    lines = proc.stdout.splitlines()
+    assert warning in lines and lines.index(warning) < 4  # beside the run dir and the estimate
+    assert results(tmp_path / "run")["status"] == "ok"  # scoring at L alone is a study too
+    assert "has no length past" not in posbench_cli("train", *toy, "hydra.run.dir=run2",
+                                                    cwd=tmp_path).stdout
