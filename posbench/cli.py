@@ -52,6 +52,7 @@ USAGE = """usage: posbench <verb> [args]
                              a published result re-run as a sweep (outputs/reproduce/NAME) and
                              judged claim by claim beside the paper's numbers (docs/reproduce.md)
   list                       encodings, datasets and model presets, one line each
+  --version                  posbench's version
 """
 
 
@@ -621,13 +622,26 @@ def lengths_option(args: list):
     return [int(n) for n in text.split(",")]
 
 
+def verb_usage(verb: str) -> str:
+    """`verb`'s entry of USAGE, its continuation lines with it."""
+    entries = re.split(r"\n(?=  \S)", USAGE.split("\n\n", 1)[1])
+    return "usage: posbench " + next(e for e in entries if e.startswith(f"  {verb} "))[2:]
+
+
 def main() -> None:
     argv = sys.argv[1:]
     _command[:] = argv
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         sys.exit(0 if argv else 2)
+    if argv[0] == "--version":
+        print(f"posbench {posbench.__version__}")
+        return
     verb, rest = argv[0], argv[1:]
+    if verb in ("report", "inspect", "extend") and rest and rest[0] in ("-h", "--help"):
+        # these verbs take a path first: their usage, not a run dir called --help
+        print(verb_usage(verb))
+        return
     if verb in ("-sc", "--shell-completion"):  # Hydra's completion script calls `posbench -sc`
         words = os.environ.get("COMP_LINE", "").split(" ")
         if words[1:2] == ["train"]:  # Hydra completes the overrides that follow the app name

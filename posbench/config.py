@@ -388,6 +388,9 @@ def check(cfg: DictConfig) -> None:
     require(0 <= cfg.train.warmup_steps, "train.warmup_steps", cfg.train.warmup_steps,
              "an integer >= 0")
     evaluations.check(cfg)  # the protocol's keys and every section's
+    # first: `posbench extend` evaluates with train.rope_scaling unless told otherwise, and a
+    # refusal names the key the user set
+    _check_training_extension(cfg)
     scaling = cfg.eval.rope_scaling
     require(scaling in ROPE_SCALINGS, "eval.rope_scaling", scaling,
             f"one of: {', '.join(ROPE_SCALINGS)}{did_you_mean(scaling, ROPE_SCALINGS)}")
@@ -396,7 +399,6 @@ def check(cfg: DictConfig) -> None:
              f"'none' for encoding={cfg.encoding.get('name')}, which does not rotate q and k")
     _check_rope_scaling_factor(cfg.eval)
     _check_rope_remap(cfg)
-    _check_training_extension(cfg)
     positions = cfg.eval.get("randomized_positions", EvalConfig.randomized_positions)
     require(positions in RANDOMIZED_POSITIONS, "eval.randomized_positions", positions,
              f"one of {RANDOMIZED_POSITIONS}")

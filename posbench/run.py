@@ -71,6 +71,8 @@ def read_results(run_dir: Path) -> Optional[dict]:
 
 def finished_results(run_dir: Path) -> dict:
     """The run's results.json, refused unless the run finished (status ok)."""
+    if not Path(run_dir).is_dir():
+        raise ConfigError(f"run dir {str(run_dir)!r} does not exist; expected a finished run dir")
     record = read_results(run_dir)
     if record is None or record.get("status") != "ok":
         status = "none" if record is None else record.get("status")

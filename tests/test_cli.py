@@ -188,3 +188,17 @@ def test_eval_lengths_none_past_the_training_length_are_named_before_training(tm
     assert results(tmp_path / "run")["status"] == "ok"  # scoring at L alone is a study too
     assert "has no length past" not in posbench_cli("train", *toy, "hydra.run.dir=run2",
                                                     cwd=tmp_path).stdout
+
+
+def test_help_version_and_the_key_a_refusal_names(tmp_path, toy):
+    for verb in ("report", "inspect", "extend"):
+        proc = posbench_cli(verb, "--help", cwd=tmp_path)
+        assert proc.stdout.startswith(f"usage: posbench {verb} ") and proc.stderr == ""
+    assert posbench_cli("--version", cwd=tmp_path).stdout == f"posbench {posbench.__version__}\n"
+    with pytest.raises(posbench.ConfigError, match="nosuch' does not exist"):
+        posbench.load_run(tmp_path / "nosuch")
+    posbench_cli("train", *toy, "encoding=alibi", "hydra.run.dir=alibi", cwd=tmp_path)
+    proc = posbench_cli("extend", "alibi", "train.rope_scaling=yarn", cwd=tmp_path, ok=False)
+    assert proc.returncode == 2 and proc.stderr.startswith(
+        "posbench: error: train.rope_scaling='yarn' is not accepted; expected 'none' for "
+        "encoding=alibi")
