@@ -14,13 +14,13 @@ from typing import List, Optional
 
 from omegaconf import DictConfig
 
-import posbench.resolvers  # noqa: F401  the ${posbench.*} resolvers of conf/config.yaml
+import posbench.core.resolvers  # noqa: F401  the ${posbench.*} resolvers of conf/config.yaml
 from posbench.config import check, register_schemas, register_target_schema
 from posbench.encodings import list_encodings
-from posbench.errors import ConfigError
-from posbench.model import build_model
-from posbench.run import Run, load_run
-from posbench.version import __version__
+from posbench.core.errors import ConfigError
+from posbench.model.transformer import build_model
+from posbench.runs.run import Run, load_run
+from posbench.core.version import __version__
 
 register_schemas()
 

@@ -23,14 +23,14 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 import posbench
-from posbench import distributed
-from posbench.checkpoint import CHECKPOINT
+from posbench.runs import distributed
+from posbench.runs.checkpoint import CHECKPOINT
 from posbench.config import check, to_container
 from posbench import config as config_module
-from posbench.errors import ConfigError, PosbenchError, did_you_mean, one_line
-from posbench.io import write_json, write_text
-from posbench.resolvers import SWEPT
-from posbench.results import REFUSED, RESULTS, load_results
+from posbench.core.errors import ConfigError, PosbenchError, did_you_mean, one_line
+from posbench.core.io import write_json, write_text
+from posbench.core.resolvers import SWEPT
+from posbench.runs.results import REFUSED, RESULTS, load_results
 
 USAGE = """usage: posbench <verb> [args]
 
@@ -104,7 +104,7 @@ def _job_error(err: object, code: int) -> None:
 
 
 def _dry_run_job(name: str, est, refused: Optional[str], room: Optional[int], source: str) -> None:
-    from posbench.estimate import describe
+    from posbench.runs.estimate import describe
 
     print(f"  {name}: {describe(est)}" + (f"\n    refused: {refused}" if refused else ""))
     _dry_run["memory"] = room, source
@@ -117,7 +117,7 @@ def _dry_run_job(name: str, est, refused: Optional[str], room: Optional[int], so
 def _finished_run(cfg: DictConfig, run_dir: Path, record: dict) -> None:
     """A finished run asked for again (`record`: its results.json): nothing to do, or the eval
     settings it was not scored with, scored from its checkpoint as `posbench eval` does."""
-    from posbench.reeval import change_label, eval_changes, reevaluate
+    from posbench.runs.rescore import change_label, eval_changes, reevaluate
 
     changes = eval_changes(record["config"], to_container(cfg))
     if not changes:
@@ -154,10 +154,11 @@ def train_app(cfg: DictConfig) -> None:
 
 def run_job(cfg: DictConfig, run_dir: Path, multirun: bool) -> None:
     """train_app's job, and `posbench extend`'s with the extension's config."""
-    from posbench.estimate import available_memory, describe, estimate, eval_warning, gib, refusal
-    from posbench.loggers import wandb_group
-    from posbench.device import resolve_device, set_threads
-    from posbench.run import RunDir, RunFailed, train
+    from posbench.runs.estimate import (available_memory, describe, estimate, eval_warning, gib,
+                                        refusal)
+    from posbench.runs.loggers import wandb_group
+    from posbench.core.device import resolve_device, set_threads
+    from posbench.runs.run import RunDir, RunFailed, train
 
     main_rank = distributed.is_main()
     try:
@@ -219,9 +220,9 @@ def parallel_jobs() -> int:
 def eval_app(cfg: DictConfig) -> None:
     """One re-score of one run (the run dir is in Hydra's config, EVAL_RUN): refusals are
     reported, never raised, so that the other runs and values go on."""
-    from posbench.device import set_threads
+    from posbench.core.device import set_threads
     from posbench.encodings.base import encoding_class
-    from posbench.reeval import reevaluate
+    from posbench.runs.rescore import reevaluate
 
     hc = HydraConfig.get()
     run_dir = Path(hc[EVAL_RUN])
@@ -481,10 +482,10 @@ EXTEND_PARENT = "posbench_extend_parent"
 @hydra.main(version_base=None, config_path=None, config_name=None)
 def extend_app(cfg: DictConfig) -> None:
     """One extension of the run in Hydra's config (EXTEND_PARENT), a run of its own whose config
-    posbench/extend.py makes from the parent's and the overrides; refusals are reported, never
+    posbench/runs/extend.py makes from the parent's and the overrides; refusals are reported, never
     raised, so that a sweep goes on."""
-    from posbench.extend import extension_config
-    from posbench.run import finished_results
+    from posbench.runs.extend import extension_config
+    from posbench.runs.run import finished_results
 
     hc = HydraConfig.get()
     run_dir, multirun = Path(hc.runtime.output_dir).resolve(), hc.mode == RunMode.MULTIRUN
@@ -504,7 +505,7 @@ def extend_runs(rest: list) -> None:
     """`posbench extend RUN_DIR [overrides]`: extend_app over the run's saved config, so that -m
     sweeps methods, lengths and factors; each extension lands in a run dir of its own
     (outputs/<date>/<time>_<encoding>_extend, or a sweep's job dir), never the parent's."""
-    from posbench.run import finished_results
+    from posbench.runs.run import finished_results
 
     parent = run_dir_arg("extend", rest, "posbench extend RUN_DIR [overrides]")
     encoding = finished_results(parent)["encoding"]
@@ -516,9 +517,9 @@ def extend_runs(rest: list) -> None:
                 "hydra.sweep.subdir": "${posbench.job_dir:}"}
     added = [f"{key}={value}" for key, value in defaults.items() if key not in given]
     added += ["hydra.output_subdir=null", "hydra/job_logging=stdout", "hydra.job.name=extend",
-              "+hydra.callbacks.sweep_report._target_=posbench.report.SweepReport",
+              "+hydra.callbacks.sweep_report._target_=posbench.reports.report.SweepReport",
               f"+hydra.{EXTEND_PARENT}={hydra_quoted(str(parent))}"]
-    if swept:  # the keys it sweeps, which name the job dirs (posbench/resolvers.py)
+    if swept:  # the keys it sweeps, which name the job dirs (posbench/core/resolvers.py)
         added.append(f"+hydra.{SWEPT}=[{','.join(map(hydra_quoted, swept))}]")
     _job_errors.clear()
     with tempfile.TemporaryDirectory(prefix="posbench-extend-") as scratch:
@@ -533,7 +534,7 @@ def dry_run(rest: list, named: list) -> None:
     """`posbench train [-m] ... --dry-run`: Hydra composes every job as it would run it, and each
     prints its estimate; Hydra's dirs go to a scratch folder, and an in-process launcher replaces
     any other (a cluster launcher would submit the jobs)."""
-    from posbench.estimate import count, gib
+    from posbench.runs.estimate import count, gib
 
     global _dry_run
     kept = [arg for arg in rest if not arg.startswith(("hydra/launcher=", "hydra.launcher."))]
@@ -662,7 +663,7 @@ def run_verb(verb: str, rest: list) -> None:
         dry = "--dry-run" in rest
         rest = [arg for arg in rest if arg != "--dry-run"]
         swept = precheck(rest)
-        # the keys it sweeps, which name the job dirs (posbench/resolvers.py)
+        # the keys it sweeps, which name the job dirs (posbench/core/resolvers.py)
         named = [f"+hydra.{SWEPT}=[{','.join(map(hydra_quoted, swept))}]"] if swept else []
         _job_errors.clear()
         if dry:
@@ -683,13 +684,13 @@ def run_verb(verb: str, rest: list) -> None:
         extend_runs(rest)
     elif verb == "inspect":
         run_dir = run_dir_arg(verb, rest, "posbench inspect RUN_DIR [--lengths L1,L2]")
-        from posbench.inspect import inspect_run
+        from posbench.reports.inspect import inspect_run
 
         inspect_run(run_dir, lengths_option(rest[1:]))
     elif verb == "report":
         if len(rest) != 1:
             raise ConfigError("posbench report needs one folder; expected `posbench report DIR`")
-        from posbench.report import write_report
+        from posbench.reports.report import write_report
 
         write_report(Path(rest[0]))
     elif verb == "reproduce":

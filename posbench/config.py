@@ -19,7 +19,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 from posbench import evaluations
 from posbench.data import check_dataset
 from posbench.data import registry as dataset_registry
-from posbench.errors import ConfigError, did_you_mean, require, require_positive
+from posbench.core.errors import ConfigError, did_you_mean, require, require_positive
 from posbench.evaluations import EvalConfig
 
 
@@ -31,13 +31,13 @@ class ModelConfig:
     mlp_ratio: int = 4
     # which keys a query sees in every layer (a `layers` encoding may set it per layer kind):
     # global (all earlier ones), sliding (the attention_window most recent), chunked (those of
-    # its own chunk of attention_window tokens); posbench/span.py
+    # its own chunk of attention_window tokens); posbench/attention/span.py
     attention: str = "global"
     # the width w of sliding and chunked layers, in tokens; null: train.seq_len // 4
     attention_window: Optional[int] = None
     # softmax temperature of every layer (a `layers` encoding may set it per layer kind), a
     # factor on each query row: none, logn, ssmax (learned), llama4_floorlog, yarn, drope_beta
-    # (posbench/temperature.py); applied in training and evaluation alike
+    # (posbench/attention/temperature.py); applied in training and evaluation alike
     temperature: str = "none"
     # RMSNorm with a learned gain on q and on k over the model width, before any encoding acts
     # (DroPE's QK-norm, which its recalibration needs at high learning rates)
@@ -75,11 +75,11 @@ class TrainConfig:
     # after 2000-8000 steps of a 16000-step run, by seed (docs/results.md, "Retrieval")
     retrieval_mix: float = 0.0
     # train with switch_encoding_to instead of the encoding from this fraction of train.steps on
-    # (null: never): DroPE drops RoPE for nope for the last 1/8 (0.875); posbench/schedule.py
+    # (null: never): DroPE drops RoPE for nope for the last 1/8 (0.875); posbench/model/schedule.py
     switch_encoding_at: Optional[float] = None
     switch_encoding_to: str = "nope"
     # continue from another run's weights: the finished run dir whose checkpoint starts this one
-    # (an extension: posbench extend, posbench/extend.py); optimizer, schedule and step start
+    # (an extension: posbench extend, posbench/runs/extend.py); optimizer, schedule and step start
     # afresh
     init_from: Optional[str] = None
     # the length the rotary scalings count from (YaRN's original length, the dynamic scale n/L):
@@ -219,8 +219,8 @@ def _check_rope_scaling_factor(node, prefix: str = "eval") -> None:
 
 
 def _check_training_extension(cfg) -> None:
-    """The train.* keys of continued training at a longer length (posbench/extend.py); whether
-    train.init_from holds a finished run is checked when the run starts (posbench/run.py)."""
+    """The train.* keys of continued training at a longer length (posbench/runs/extend.py); whether
+    train.init_from holds a finished run is checked when the run starts (posbench/runs/run.py)."""
     from posbench.encodings.base import encoding_class
 
     t = cfg.train
@@ -265,7 +265,7 @@ def _check_rope_remap(cfg) -> None:
 
 
 def _check_attention(m) -> None:
-    from posbench.span import ATTENTIONS
+    from posbench.attention.span import ATTENTIONS
 
     # runs saved before these keys existed take their defaults
     attention = m.get("attention", ModelConfig.attention)
@@ -277,7 +277,7 @@ def _check_attention(m) -> None:
 
 
 def _check_temperature(cfg) -> None:
-    from posbench.temperature import LEARNED, TEMPERATURES
+    from posbench.attention.temperature import LEARNED, TEMPERATURES
 
     kind = cfg.model.get("temperature", ModelConfig.temperature)  # absent from older runs
     require(kind in TEMPERATURES, "model.temperature", kind,

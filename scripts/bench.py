@@ -46,7 +46,7 @@ import posbench
 from posbench.encodings.alibi import alibi_slopes
 from posbench.encodings.t5 import T5Bias, t5_bucket
 from posbench.evaluations.base import is_oom
-from posbench.train import make_optimizer
+from posbench.runs.train import make_optimizer
 
 VOCAB = 256  # posbench's byte-level default
 # dense bf16 peak FLOP/s by device name; the first substring that matches wins
@@ -227,7 +227,7 @@ def build(c: Contender, args, max_len: int) -> nn.Module:
 
 def token_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy, through each model's own loss path."""
-    if hasattr(model, "token_losses"):  # posbench: chunked, fp32 logits, as train.py calls it
+    if hasattr(model, "token_losses"):  # posbench: chunked, fp32 logits, as runs/train.py calls it
         return model.token_losses(x, y).mean()
     return F.cross_entropy(model(x).float().flatten(0, 1), y.flatten())
 
@@ -243,7 +243,8 @@ def sync(device: torch.device) -> None:
 
 # ------------------------------------------------------------------ training speed (in process)
 class Trainer:
-    """One contender's model, optimizer and compiled-or-not loss, as posbench's train.py runs it."""
+    """One contender's model, optimizer and compiled-or-not loss, as posbench's runs/train.py runs
+    it."""
 
     def __init__(self, c: Contender, args, device: torch.device):
         torch.manual_seed(0)

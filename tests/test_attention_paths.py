@@ -1,6 +1,6 @@
 """Every attention path against a dense float64 reference, forward and backward.
 
-Paths (posbench/attention.py): fused SDPA (no score hook), the blockwise CPU path with dense
+Paths (posbench/attention/paths.py): fused SDPA (no score hook), the blockwise CPU path with dense
 scores (any hook) and with an additive score_mod as SDPA's float mask (BiasedAttention when the
 bias is learned), each in one block and in several checkpointed blocks; FlexAttention forward on
 CPU (torch has no CPU backward for it).
@@ -12,9 +12,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import posbench
-import posbench.attention as attention
-import posbench.lag_bias as lag_bias
-from posbench.attention import attend, blockwise_attention
+import posbench.attention.paths as attention
+import posbench.attention.lag_bias as lag_bias
+from posbench.attention.paths import attend, blockwise_attention
 from posbench.encodings import registry, transformer_xl
 
 B, H, T, D = 3, 4, 50, 8
@@ -214,7 +214,7 @@ class LargestTensor(TorchDispatchMode):
 def largest_in_row_blocks(monkeypatch, encoding, reads_input=True, n=1024, H=4, d=16):
     """(the most elements one tensor held while `encoding`'s layer 0 attended over n tokens in
     blocks of 64 query rows, the elements of one block's scores): the blockwise path and the
-    evaluation fast paths of posbench/lag_bias.py alike."""
+    evaluation fast paths of posbench/attention/lag_bias.py alike."""
     block = H * n * 64
     monkeypatch.setattr(attention, "BLOCK_ELEMENTS", block)
     monkeypatch.setattr(lag_bias, "ROWS", 64)

@@ -9,7 +9,7 @@ import torch
 import posbench
 from posbench.data import prepare, vocab_size
 from posbench.data.windows import IGNORE
-from posbench.errors import ConfigError
+from posbench.core.errors import ConfigError
 from posbench.evaluations.perplexity import eval_plan, evaluate
 from posbench.evaluations.retrieval import Passkeys
 from helpers import results, run_in_process

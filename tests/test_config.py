@@ -3,7 +3,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 import posbench
-from posbench.errors import ConfigError
+from posbench.core.errors import ConfigError
 
 from helpers import run_in_process
 

@@ -10,7 +10,7 @@ import torch._dynamo
 import torch.nn.functional as F
 
 import posbench
-import posbench.attention as attention
+import posbench.attention.paths as attention
 from posbench.encodings import registry
 
 from helpers import posbench_cli, results, tiny_model

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 import posbench
-from posbench.errors import ConfigError
+from posbench.core.errors import ConfigError
 from posbench.data import build_dataset, prepare
 from posbench.data.tokens import is_validation, read_token_dir
 from helpers import window_starts

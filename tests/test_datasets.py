@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import posbench
-from posbench.errors import ConfigError, DataUnavailable
+from posbench.core.errors import ConfigError, DataUnavailable
 from posbench.data import build_dataset, prepare, tokenize
 from posbench.data.hub import wikitext_articles
 from posbench.data.tokenize import TIKTOKEN_URL, GPT2BPE, gpt2_files

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from helpers import posbench_cli, results
-from posbench import distributed
+from posbench.runs import distributed
 
 ARGS = ["train", "model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.steps=4",
         "train.batch_size=4", "train.seq_len=32", "train.warmup_steps=1", "eval.lengths=[32,64]",

@@ -1,10 +1,10 @@
-"""The RNG states a checkpoint keeps (posbench/device.py), across the device it resumes on, and
+"""The RNG states a checkpoint keeps (posbench/core/device.py), across the device it resumes on, and
 the CPU threads a job takes."""
 import os
 
 import torch
 
-from posbench.device import (busy_warning, job_threads, rng_state, set_rng_state, set_threads,
+from posbench.core.device import (busy_warning, job_threads, rng_state, set_rng_state, set_threads,
                              usable_cores)
 
 

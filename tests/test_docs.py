@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from posbench.docs import encodings_table, readme_table
+from posbench.encodings.doc_tables import encodings_table, readme_table
 
 ROOT = Path(__file__).resolve().parents[1]
 STALE = "is stale: run python scripts/gen_encodings_doc.py"

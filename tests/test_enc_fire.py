@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import posbench
-import posbench.attention as attention
-import posbench.lag_bias as lag_bias
-from posbench.attention import attend, blockwise_attention
+import posbench.attention.paths as attention
+import posbench.attention.lag_bias as lag_bias
+from posbench.attention.paths import attend, blockwise_attention
 
 from helpers import assert_matches_reference, assert_shift_invariant
 

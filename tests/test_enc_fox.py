@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import posbench
-import posbench.attention as attention
-from posbench.attention import attend
+import posbench.attention.paths as attention
+from posbench.attention.paths import attend
 from posbench.encodings.alibi import alibi_slopes
 
 from helpers import assert_matches_reference, assert_position_ids_are_never_read, tiny_model
@@ -152,7 +152,7 @@ def test_memory_grows_with_length_not_its_square(monkeypatch):
 
 
 def test_inspect_reads_the_gates_too():
-    from posbench.inspect import lag_mass
+    from posbench.reports.inspect import lag_mass
 
     model = build()
     idx = torch.randint(0, 64, (3, 32), generator=torch.Generator().manual_seed(0))

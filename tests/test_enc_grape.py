@@ -9,8 +9,8 @@ import scipy.linalg
 import torch
 
 import posbench
-import posbench.attention as attention
-from posbench.attention import attend
+import posbench.attention.paths as attention
+from posbench.attention.paths import attend
 from posbench.encodings import Dims, registry
 from posbench.encodings.alibi import alibi_slopes
 from posbench.encodings.grape import GrapeA, GrapeM

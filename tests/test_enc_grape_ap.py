@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import posbench
-import posbench.attention as attention
-from posbench.attention import attend
+import posbench.attention.paths as attention
+from posbench.attention.paths import attend
 from posbench.encodings.alibi import alibi_slopes
 
 from helpers import assert_matches_reference, tiny_model

@@ -12,7 +12,7 @@ import scipy.linalg
 import torch
 
 import posbench
-from posbench.errors import ConfigError
+from posbench.core.errors import ConfigError
 from posbench.encodings import Dims, registry
 from posbench.encodings.alibi import alibi_slopes
 from posbench.encodings.group import GroupConfig, GroupPE, exp_map

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf, open_dict
 
 import posbench
 from posbench.encodings import registry
-from posbench.errors import ConfigError
+from posbench.core.errors import ConfigError
 
 SMALL = ["model.n_layer=4", "model.d_model=32", "model.n_head=2", "train.seq_len=32"]
 

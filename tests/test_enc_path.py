@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import posbench
-import posbench.attention as attention
+import posbench.attention.paths as attention
 import posbench.encodings.path as path_module
-from posbench.attention import attend
+from posbench.attention.paths import attend
 from posbench.encodings.path import path_logits
 
 from helpers import assert_matches_reference, tiny_model

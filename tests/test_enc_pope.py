@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import posbench
-from posbench.attention import attend
+from posbench.attention.paths import attend
 from posbench.encodings import Dims
 from posbench.encodings.pope import PoPE
 

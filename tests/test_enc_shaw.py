@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import posbench
-import posbench.attention as attention
-from posbench.attention import attend
+import posbench.attention.paths as attention
+from posbench.attention.paths import attend
 
 from helpers import assert_matches_reference, assert_shift_invariant
 

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-import posbench.attention as attention
-from posbench.attention import attend
+import posbench.attention.paths as attention
+from posbench.attention.paths import attend
 from posbench.encodings.stick_breaking import stick_breaking
 
 from helpers import assert_matches_reference, assert_position_ids_are_never_read, tiny_model

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import posbench
-import posbench.attention as attention
-from posbench.attention import attend, blockwise_attention
+import posbench.attention.paths as attention
+from posbench.attention.paths import attend, blockwise_attention
 from posbench.encodings import transformer_xl
 from posbench.encodings.transformer_xl import lag_keys
 

@@ -15,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import posbench
 from helpers import posbench_cli
-from posbench.estimate import MEMORY_CHECK, available_memory, estimate, refusal
+from posbench.runs.estimate import MEMORY_CHECK, available_memory, estimate, refusal
 
 STEP = ["train.seq_len=256", "train.batch_size=4", "train.steps=1", "eval.lengths=[256]"]
 

@@ -1,8 +1,8 @@
 """Every encoding's evaluation paths give its training path's logits on the same weights.
-Evaluation (no gradient) takes faster exact paths of its own (posbench/lag_bias.py: lag tables,
-rows of lags, decays, a bias's low-rank factors); a slip in one of them scores a model other than
-the one trained, on one device and not the other. Both forwards here run in eval mode in float64,
-so the paths are all that differs."""
+Evaluation (no gradient) takes faster exact paths of its own (posbench/attention/lag_bias.py: lag
+tables, rows of lags, decays, a bias's low-rank factors); a slip in one of them scores a model other
+than the one trained, on one device and not the other. Both forwards here run in eval mode in
+float64, so the paths are all that differs."""
 import pytest
 import torch
 

@@ -11,14 +11,14 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 import posbench
-from posbench.attention import CausalSelfAttention
+from posbench.attention.paths import CausalSelfAttention
 from posbench.encodings import Dims
 from posbench.encodings.nope import NoPE
 from posbench.encodings.p_rope import PRoPE
 from posbench.encodings.rope import RoPE, apply_rotary, rope_inv_freq, rope_tables
 from posbench.encodings.xpos import XPos
 from posbench.evaluations.perplexity import evaluate
-from posbench.temperature import temperature_factor
+from posbench.attention.temperature import temperature_factor
 from helpers import posbench_cli
 
 F64 = torch.float64

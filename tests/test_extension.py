@@ -1,5 +1,5 @@
 """`posbench extend RUN_DIR`: continued training of a finished run at a longer length, a run of
-its own (posbench/extend.py): its config and defaults, PoSE positions, a curve that starts at
+its own (posbench/runs/extend.py): its config and defaults, PoSE positions, a curve that starts at
 the parent, its lineage, sweeps, an exact resume, and one-line refusals."""
 import csv
 import json
@@ -16,8 +16,8 @@ from posbench.cli import main
 from posbench.data import prepare
 from posbench.encodings import Dims
 from posbench.encodings.rope import RoPE, yarn_inv_freq
-from posbench.errors import ConfigError
-from posbench.extend import extension_config, pose_positions
+from posbench.core.errors import ConfigError
+from posbench.runs.extend import extension_config, pose_positions
 from helpers import results, run_in_process
 
 TOY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.batch_size=2",
@@ -139,7 +139,7 @@ def test_an_extension_starts_at_its_parent_and_records_its_lineage(parent, sweep
 
 def test_an_extension_stopped_midway_resumes_exactly(parent, sweep, tmp_path, monkeypatch,
                                                       capsys):
-    import posbench.train as train_module
+    import posbench.runs.train as train_module
 
     folder, _ = sweep
     steps, step = [], train_module.train_step

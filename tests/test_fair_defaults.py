@@ -9,7 +9,7 @@ import torch
 
 import posbench
 from posbench.encodings import registry
-from posbench.train import make_optimizer
+from posbench.runs.train import make_optimizer
 
 SMALL = ["model.n_layer=2", "model.d_model=64", "model.n_head=4", "train.seq_len=64"]
 WITH_PARAMETERS = [name for name in sorted(registry())
@@ -57,7 +57,7 @@ def test_position_parameters_learn_at_position_lr_mult_times_the_rate(tmp_path, 
                                                                       capsys):
     # Adam's first step moves every parameter with a non-negligible gradient by lr in size
     from helpers import run_in_process
-    from posbench.checkpoint import load_checkpoint
+    from posbench.runs.checkpoint import load_checkpoint
 
     overrides = [*toy, "encoding=t5", "train.steps=1", "train.warmup_steps=1", "train.lr=1e-3",
                  "train.position_lr_mult=7", "train.grad_clip=1e9", "eval.lengths=[32]"]

@@ -1,4 +1,4 @@
-"""FlexAttention as CUDA runs it (posbench/attention.py: the cached compiled kernel and block
+"""FlexAttention as CUDA runs it (posbench/attention/paths.py: the cached compiled kernel and block
 masks) stays compiled for a whole study: the training and validation shapes, every evaluation
 length with its batch (tokens // length), retrieval's single sequences. dynamo recompiles a
 function at most 8 times and then runs FlexAttention unfused, forming the whole scores (out of
@@ -10,8 +10,8 @@ import math
 import torch
 import torch._dynamo
 
-import posbench.attention as attention
-from posbench.span import GLOBAL, Span
+import posbench.attention.paths as attention
+from posbench.attention.span import GLOBAL, Span
 
 H, D = 2, 16
 TOKENS = 4096  # eval.tokens-like: the batch of each length is TOKENS // length

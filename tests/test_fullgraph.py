@@ -4,8 +4,8 @@ A host read (.item(), int(tensor), a data-dependent shape) is a sync per step on
 break under train.compile on the torch of the GPU runs (2.11); newer torch traces some of them as
 a value known only at run time (an unbacked symbol), still a sync. The backend below runs the
 graph as backend="eager" does, after failing on any such value, and fullgraph=True makes a graph
-break an error. The step is posbench.train.train_step, given the compiled model as train.py gives
-it under train.compile.
+break an error. The step is posbench.runs.train.train_step, given the compiled model as
+runs/train.py gives it under train.compile.
 """
 import copy
 
@@ -14,8 +14,8 @@ import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 import posbench
-from posbench.extend import pose_positions
-from posbench.train import make_optimizer, train_step
+from posbench.runs.extend import pose_positions
+from posbench.runs.train import make_optimizer, train_step
 
 SHAPE = ["model.n_layer=2", "model.d_model=32", "model.n_head=2", "train.seq_len=32"]
 VOCAB = 64

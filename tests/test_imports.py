@@ -40,7 +40,7 @@ def imports() -> dict:
 
 def test_no_import_cycles():
     graph = imports()
-    assert "posbench.config" in graph and "posbench.run" in graph
+    assert "posbench.config" in graph and "posbench.runs.run" in graph
     state, path = {}, []
 
     def visit(module):
@@ -58,3 +58,32 @@ def test_no_import_cycles():
     for module in sorted(graph):
         if module not in state:
             visit(module)
+
+
+# the layers, bottom up (docs/design.md): a module imports modules of its own layer or below;
+# "posbench" is the package's __init__ alone (the public API), the conf package holds YAML only
+LAYERS = [("posbench.core", "posbench.conf"), ("posbench.attention",),
+          ("posbench.encodings", "posbench.data"), ("posbench.model",), ("posbench.evaluations",),
+          ("posbench.config",), ("posbench.runs",), ("posbench.reports",),
+          ("posbench.reproduce",),
+          ("posbench",), ("posbench.cli",)]
+# the packages whose __init__ imports nothing, so that importing one module of theirs pulls no
+# other in (posbench.attention sits below the encodings, which import its span and temperature)
+BARE_PACKAGES = ("posbench.core", "posbench.attention", "posbench.model", "posbench.runs",
+                 "posbench.reports")
+
+
+def layer(module: str):
+    for rank, packages in enumerate(LAYERS):
+        if any(module == p or p != "posbench" and module.startswith(p + ".") for p in packages):
+            return rank
+    return None
+
+
+def test_layers_import_downwards():
+    graph = imports()
+    unplaced = sorted(m for m in graph if layer(m) is None)
+    assert not unplaced, f"modules in no layer of LAYERS: {unplaced}"
+    climbs = [f"{m} -> {d}" for m in sorted(graph) for d in sorted(graph[m]) if layer(d) > layer(m)]
+    assert not climbs, "imports that climb a layer: " + ", ".join(climbs)
+    assert all(graph[p] == set() for p in BARE_PACKAGES), {p: graph[p] for p in BARE_PACKAGES}

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import posbench
-from posbench.attention import attend, attention_probs
+from posbench.attention.paths import attend, attention_probs
 from posbench.cli import main
 from conftest import TOY
 from helpers import run_in_process

@@ -1,5 +1,5 @@
 """Sweep job dirs: one level deep, named by the job number and its swept values in characters
-that are safe in any shell (posbench/resolvers.py); and every verb on every run dir, however it
+that are safe in any shell (posbench/core/resolvers.py); and every verb on every run dir, however it
 is named and however it is given (absolute, relative, `.`)."""
 import re
 import shutil
@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import open_dict
 
-from posbench.resolvers import SWEPT, job_dir_name
+from posbench.core.resolvers import SWEPT, job_dir_name
 from helpers import posbench_cli, results, run_in_process
 
 SAFE = re.compile(r"[A-Za-z0-9._-]+")

@@ -1,8 +1,8 @@
-"""posbench/lag_bias.py: attention under a bias read from one table of lags (lag_only_bias), from
-each block's table by query row and lag (the lag_rows hook), under a decay e^{a lag} through
-scaled queries and keys (the lag_decay hook), or with a low-rank bias as more coordinates of the
-queries and keys (the bias_factors hook), against a dense float64 reference (forward and
-backward), and the flag and hooks that send an encoding there."""
+"""posbench/attention/lag_bias.py: attention under a bias read from one table of lags
+(lag_only_bias), from each block's table by query row and lag (the lag_rows hook), under a decay
+e^{a lag} through scaled queries and keys (the lag_decay hook), or with a low-rank bias as more
+coordinates of the queries and keys (the bias_factors hook), against a dense float64 reference
+(forward and backward), and the flag and hooks that send an encoding there."""
 import math
 
 import pytest
@@ -10,8 +10,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import posbench
-import posbench.lag_bias as lag_bias
-from posbench.attention import attend, blockwise_attention
+import posbench.attention.lag_bias as lag_bias
+from posbench.attention.paths import attend, blockwise_attention
 from posbench.encodings import registry
 
 B, H, T, D = 3, 4, 50, 8
@@ -98,7 +98,7 @@ def test_attend_through_the_lag_table_matches_the_dense_reference(name, train, m
     calls = []
     monkeypatch.setattr(lag_bias, "lag_bias_attention",
                         lambda *a, f=lag_bias.lag_bias_attention: calls.append(1) or f(*a))
-    monkeypatch.setattr(posbench.attention, "lag_bias_attention", lag_bias.lag_bias_attention)
+    monkeypatch.setattr(posbench.attention.paths, "lag_bias_attention", lag_bias.lag_bias_attention)
     enc = encoding(name)
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(B, H, T, D, generator=g, dtype=torch.float64, requires_grad=train)
@@ -144,7 +144,7 @@ def test_evaluation_by_query_row_and_lag_matches_the_dense_reference(name, offse
     attention of the score_mod's bias; with positions that step by more, the path declines."""
     monkeypatch.setattr(lag_bias, "ROWS", 16)
     calls = []
-    monkeypatch.setattr(posbench.attention, "lag_rows_attention",
+    monkeypatch.setattr(posbench.attention.paths, "lag_rows_attention",
                         lambda *a, f=lag_bias.lag_rows_attention: calls.append(1) or f(*a))
     enc = encoding(name)
     g = torch.Generator().manual_seed(1)
@@ -167,7 +167,7 @@ def test_a_compiled_graph_keeps_the_blockwise_path(name, monkeypatch):
     """torch.compile cannot trace the tables' overlapping strided views: while compiling, the
     attention takes the blockwise path (here with the compiler's flag set by hand)."""
     for path in ("lag_bias_attention", "lag_rows_attention"):
-        monkeypatch.setattr(posbench.attention, path, lambda *a: pytest.fail("lag path"))
+        monkeypatch.setattr(posbench.attention.paths, path, lambda *a: pytest.fail("lag path"))
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     enc = encoding(name)
     q, k, v = (torch.randn(1, H, T, D, dtype=torch.float64) for _ in range(3))
@@ -191,7 +191,7 @@ def test_evaluation_with_scaled_queries_and_keys_matches_the_dense_reference(nam
     keys 17 and more rows back decay below e^-80): the attention of the score_mod."""
     monkeypatch.setattr(lag_bias, "ROWS", 16)
     calls = []
-    monkeypatch.setattr(posbench.attention, "decay_attention",
+    monkeypatch.setattr(posbench.attention.paths, "decay_attention",
                         lambda *a, f=lag_bias.decay_attention: calls.append(1) or f(*a))
     enc = encoding(name)
     if steep:
@@ -241,7 +241,7 @@ def test_evaluation_with_the_factored_bias_matches_the_dense_reference(name, mon
     -ω m λ_q(q_i) (p_i - p_o))."""
     monkeypatch.setattr(lag_bias, "ROWS", 16)
     calls = []
-    monkeypatch.setattr(posbench.attention, "factored_bias_attention",
+    monkeypatch.setattr(posbench.attention.paths, "factored_bias_attention",
                         lambda *a, f=lag_bias.factored_bias_attention: calls.append(1) or f(*a))
     enc = encoding(name)
     with torch.no_grad():

@@ -11,7 +11,7 @@ import posbench
 from posbench import data
 from posbench.config import EvalConfig
 from posbench.encodings import registry
-from posbench.progress import Bar
+from posbench.core.progress import Bar
 from helpers import posbench_cli, results, run_in_process
 
 CONF = Path(posbench.__file__).parent / "conf"

@@ -38,8 +38,8 @@ def test_token_losses_match_cross_entropy_in_any_chunking():
 
 
 def test_blockwise_path_matches_dense_float64_reference_forward_and_backward():
-    from posbench.attention import blockwise_attention
-    import posbench.attention as attention
+    from posbench.attention.paths import blockwise_attention
+    import posbench.attention.paths as attention
 
     torch.manual_seed(0)
     B, H, T, d = 2, 3, 70, 8
@@ -67,7 +67,7 @@ def test_blockwise_path_matches_dense_float64_reference_forward_and_backward():
 
 
 def test_sdpa_path_matches_dense_reference():
-    from posbench.attention import attend
+    from posbench.attention.paths import attend
 
     torch.manual_seed(1)
     q, k, v = (torch.randn(1, 2, 33, 8) for _ in range(3))
@@ -81,7 +81,7 @@ def test_sdpa_path_matches_dense_reference():
 
 def test_gpt_init_leaves_the_encodings_own_modules_alone():
     from posbench.encodings import Dims, PositionalEncoding
-    from posbench.model import GPT
+    from posbench.model.transformer import GPT
 
     class ZeroLinear(PositionalEncoding):
         def __init__(self):

@@ -9,7 +9,7 @@ import torch
 from omegaconf import OmegaConf
 
 import posbench
-from posbench.errors import ConfigError
+from posbench.core.errors import ConfigError
 from posbench.evaluations.perplexity import bin_positions, eval_plan, evaluate
 from helpers import posbench_cli, results
 

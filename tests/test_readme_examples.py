@@ -18,8 +18,8 @@ from posbench.config import register_schemas
 from posbench.data import prepare
 from posbench.data.tasks import BOS, FIRST, SEP
 from posbench.encodings import base as encodings
-from posbench.errors import ConfigError
-from posbench.results import results_record
+from posbench.core.errors import ConfigError
+from posbench.runs.results import results_record
 from helpers import posbench_cli, results, window_starts
 
 README = (Path(__file__).parents[1] / "README.md").read_text()

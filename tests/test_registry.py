@@ -6,7 +6,7 @@ import torch
 
 import posbench
 from posbench.encodings import registry
-from posbench.run import train
+from posbench.runs.run import train
 
 NAMES = sorted(registry())
 SMALL = ["model.n_layer=2", "model.d_model=64", "model.n_head=4", "train.seq_len=64"]

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from helpers import wandb_summary
-from posbench.report import t95, write_report
+from posbench.reports.report import t95, write_report
 
 
 def run_record(name, seed, ppls, status="ok", seq_len=32, accuracy=None, **config):
@@ -135,7 +135,7 @@ def test_parity_gap_to_the_best_at_the_training_length_marks_under_trained_group
 def test_the_sweep_report_logs_parity_to_wandb(tmp_path):
     from omegaconf import OmegaConf
 
-    from posbench.loggers import log_sweep_report
+    from posbench.runs.loggers import log_sweep_report
 
     write(tmp_path, "a", run_record("rope", 0, {32: 4.0, 64: 5.0}))
     write(tmp_path, "b", run_record("sinusoidal", 0, {32: 6.0, 64: 9.0}))
@@ -177,7 +177,7 @@ def test_the_headline_is_the_mean_log_ppl_growth_past_the_training_length(tmp_pa
 
 
 def test_plots_keep_the_legend_outside_with_plain_ticks_for_many_groups(tmp_path, monkeypatch):
-    import posbench.plots as plots
+    import posbench.core.plots as plots
 
     saved = {}
     monkeypatch.setattr(plots, "save_figure", lambda plt, fig, path: saved.update(fig=fig))

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from helpers import finished_wandb_records, posbench_cli, results, run_in_process
-from posbench.reeval import change_label, change_tag, eval_changes
+from posbench.runs.rescore import change_label, change_tag, eval_changes
 
 TOY_SWEEP = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.steps=3",
              "train.batch_size=2", "train.seq_len=32", "train.warmup_steps=1",

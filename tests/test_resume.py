@@ -15,9 +15,9 @@ import time
 import pytest
 import torch
 
-from posbench.checkpoint import load_checkpoint, save_checkpoint
-from posbench.train import check_finite
-from posbench.trainlog import read_metrics
+from posbench.runs.checkpoint import load_checkpoint, save_checkpoint
+from posbench.runs.train import check_finite
+from posbench.runs.trainlog import read_metrics
 from helpers import posbench_cli, results, run_in_process, wandb_history
 
 POSBENCH = shutil.which("posbench")

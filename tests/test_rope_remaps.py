@@ -8,11 +8,11 @@ import pytest
 import torch
 
 import posbench
-from posbench import attention
-from posbench.attention import attend, attention_probs
+from posbench.attention import paths as attention
+from posbench.attention.paths import attend, attention_probs
 from posbench.encodings import Dims
 from posbench.encodings.rope import RoPE, remap_for
-from posbench.errors import ConfigError
+from posbench.core.errors import ConfigError
 
 F64 = torch.float64
 D, L, BASE = 16, 32, 1e4

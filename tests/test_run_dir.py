@@ -19,11 +19,11 @@ import torch
 from omegaconf import OmegaConf
 
 import posbench
-from posbench.checkpoint import load_checkpoint, save_checkpoint
+from posbench.runs.checkpoint import load_checkpoint, save_checkpoint
 from posbench.cli import main
-from posbench.errors import CheckpointError, ConfigError
+from posbench.core.errors import CheckpointError, ConfigError
 from posbench.data.tokens import write_token_dir
-from posbench.io import write_json
+from posbench.core.io import write_json
 from conftest import TOY
 from helpers import results, run_in_process
 

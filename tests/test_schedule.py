@@ -1,4 +1,4 @@
-"""Switching the encoding during training (posbench/schedule.py, DroPE) and model.qk_norm
+"""Switching the encoding during training (posbench/model/schedule.py, DroPE) and model.qk_norm
 (docs/encodings.md#dropping-the-encoding-during-training)."""
 import math
 import re
@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import posbench
-import posbench.train
-from posbench.errors import ConfigError
-from posbench.run import RunFailed, train, trained_model
+import posbench.runs.train
+from posbench.core.errors import ConfigError
+from posbench.runs.run import RunFailed, train, trained_model
 
 TINY = ["model.n_layer=2", "model.d_model=32", "model.n_head=2", "train.seq_len=32"]
 RUN = ["encoding=rope", "model.n_layer=1", "model.d_model=32", "model.n_head=2",
@@ -83,7 +83,7 @@ def test_qk_norm_is_rmsnorm_over_the_model_width_with_a_learned_gain():
 def run(tmp_path, name, fail_at=None, monkeypatch=None):
     cfg = posbench.compose(RUN)
     if fail_at is not None:  # a kill at step fail_at, after the checkpoint before it
-        real, calls = posbench.train.train_step, []
+        real, calls = posbench.runs.train.train_step, []
 
         def dies(*args, **kwargs):
             calls.append(1)
@@ -91,10 +91,10 @@ def run(tmp_path, name, fail_at=None, monkeypatch=None):
                 raise RuntimeError("killed")
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(posbench.train, "train_step", dies)
+        monkeypatch.setattr(posbench.runs.train, "train_step", dies)
         with pytest.raises(RunFailed):
             train(cfg, tmp_path / name, group="test", name=name)
-        monkeypatch.setattr(posbench.train, "train_step", real)
+        monkeypatch.setattr(posbench.runs.train, "train_step", real)
     return train(cfg, tmp_path / name, group="test", name=name)
 
 

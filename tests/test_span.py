@@ -1,6 +1,6 @@
-"""Attention spans (posbench/span.py, docs/design.md#attention-spans): sliding windows and chunked
-local attention, on every attention path, against a dense float64 reference that masks the keys
-by the definition: sliding i - w < j <= i, chunked j // w == i // w and j <= i."""
+"""Attention spans (posbench/attention/span.py, docs/design.md#attention-spans): sliding windows and
+chunked local attention, on every attention path, against a dense float64 reference that masks the
+keys by the definition: sliding i - w < j <= i, chunked j // w == i // w and j <= i."""
 import functools
 import math
 import re
@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import posbench
-import posbench.attention as attention
-from posbench.attention import attend, attention_probs, blockwise_attention
-from posbench.errors import ConfigError
-from posbench.span import GLOBAL, Span
+import posbench.attention.paths as attention
+from posbench.attention.paths import attend, attention_probs, blockwise_attention
+from posbench.core.errors import ConfigError
+from posbench.attention.span import GLOBAL, Span
 
 from test_attention_paths import LargestTensor, assert_same_with_grads
 from test_attention_paths import encoding as build_encoding

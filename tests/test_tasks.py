@@ -7,7 +7,7 @@ import torch
 from omegaconf import OmegaConf
 
 import posbench
-from posbench.errors import ConfigError
+from posbench.core.errors import ConfigError
 from posbench.data import prepare, registry, vocab_size
 from posbench.data.tasks import BOS, FIRST, PAD, PLUS, SEP, Task
 from posbench.data.windows import IGNORE

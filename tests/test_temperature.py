@@ -1,6 +1,7 @@
-"""Softmax temperature by length (posbench/temperature.py, docs/encodings.md#softmax-temperature):
-each formula against an oracle written here from its reference's definition, in float64; how the
-model applies it (q of each row scaled before the logits); SSMax learned; eval.temperature."""
+"""Softmax temperature by length (posbench/attention/temperature.py,
+docs/encodings.md#softmax-temperature): each formula against an oracle written here from its
+reference's definition, in float64; how the model applies it (q of each row scaled before the
+logits); SSMax learned; eval.temperature."""
 import math
 import re
 
@@ -8,10 +9,10 @@ import pytest
 import torch
 
 import posbench
-from posbench.attention import attention_probs
-from posbench.errors import ConfigError
-from posbench.span import GLOBAL, Span
-from posbench.temperature import LEARNED, TEMPERATURES, Temperature, temperature_factor
+from posbench.attention.paths import attention_probs
+from posbench.core.errors import ConfigError
+from posbench.attention.span import GLOBAL, Span
+from posbench.attention.temperature import LEARNED, TEMPERATURES, Temperature, temperature_factor
 
 from test_attention_paths import encoding
 from test_enc_layers import reference_logits, sharpen

@@ -8,8 +8,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from helpers import posbench_cli, results
-from posbench.train import lr_at
-from posbench.trainlog import MetricsLog, read_metrics
+from posbench.runs.train import lr_at
+from posbench.runs.trainlog import MetricsLog, read_metrics
 
 
 def test_metrics_csv_logs_training_and_validation_and_the_run_dir_is_named(tmp_path, toy):

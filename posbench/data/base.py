@@ -20,8 +20,8 @@ import torch
 from omegaconf import MISSING, OmegaConf
 
 from posbench.data.tokenize import TOKENIZERS
-from posbench.errors import ConfigError, did_you_mean, require
-from posbench.registry import Entry, Registry
+from posbench.core.errors import ConfigError, did_you_mean, require
+from posbench.core.registry import Entry, Registry
 
 if TYPE_CHECKING:
     from posbench.data.windows import EvalPlan

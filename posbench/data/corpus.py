@@ -13,7 +13,7 @@ from posbench.data.documents import Documents
 from posbench.data.tokenize import TOKENIZERS, Tokenizer
 from posbench.data.tokens import (EmptySplitError, TokenData, fingerprint, is_validation,
                                   read_token_dir, write_token_dir)
-from posbench.errors import ConfigError
+from posbench.core.errors import ConfigError
 
 
 class TextCorpus(Dataset):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, List, Optional, Tuple
 
-from posbench.errors import ConfigError
+from posbench.core.errors import ConfigError
 
 Document = Tuple[str, Optional[str], bytes]
 

@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 from posbench.data.base import DatasetConfig, register
 from posbench.data.corpus import TextCorpus
 from posbench.data.documents import Document, Documents, file_digest, local_files
-from posbench.errors import ConfigError, DataUnavailable
+from posbench.core.errors import ConfigError, DataUnavailable
 
 TABLES = (".parquet", ".jsonl", ".json", ".arrow")
 # what `datasets`' save_to_disk writes beside the arrow files

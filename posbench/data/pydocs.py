@@ -8,7 +8,7 @@ from pathlib import Path
 from posbench.data.base import register
 from posbench.data.corpus import TextCorpus
 from posbench.data.documents import Documents, files_documents
-from posbench.errors import ConfigError
+from posbench.core.errors import ConfigError
 
 PYDOCS = "/usr/share/doc/python3*/html/_sources"
 

@@ -22,7 +22,7 @@ import torch
 
 from posbench.data.base import Dataset, register
 from posbench.data.windows import IGNORE, EvalPlan
-from posbench.errors import ConfigError, require
+from posbench.core.errors import ConfigError, require
 
 PAD, BOS, SEP, PLUS = 0, 1, 2, 3
 FIRST = 4  # a task's symbols come after these

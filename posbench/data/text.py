@@ -4,7 +4,7 @@ from __future__ import annotations
 from posbench.data.base import register
 from posbench.data.corpus import TextCorpus
 from posbench.data.documents import Documents, files_documents, local_files
-from posbench.errors import require
+from posbench.core.errors import require
 
 
 @register("text", "your own text files: dataset.path=FILE|FOLDER|GLOB, each file one document")

@@ -15,7 +15,7 @@ import numpy as np
 import tiktoken
 from tqdm import tqdm
 
-from posbench.errors import ConfigError
+from posbench.core.errors import ConfigError
 
 # nominal vocabulary sizes: what a model is built with before any data is read
 TOKENIZERS = {"byte": 256, "gpt2": 50257}

@@ -17,8 +17,8 @@ import torch
 
 from posbench.data.documents import file_digest
 from posbench.data.windows import IGNORE, EvalPlan, starts_within, with_bos
-from posbench.errors import ConfigError
-from posbench.io import write_failed
+from posbench.core.errors import ConfigError
+from posbench.core.io import write_failed
 
 FORMAT = 1
 

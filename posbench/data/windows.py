@@ -12,7 +12,7 @@ from typing import Callable, Optional, Tuple
 
 import numpy as np
 
-from posbench.errors import ConfigError
+from posbench.core.errors import ConfigError
 
 IGNORE = -100  # cross_entropy's ignore_index: a target that is not trained on
 

@@ -25,19 +25,21 @@ and never branch on its name. A hook left as None does nothing:
                                          fn(start, n, lags) -> (B or 1, H, n, len(lags)) is the
                                          rest of the bias of queries start..start+n-1 at each lag
                                          of the long tensor `lags` (negative lags are future keys:
-                                         any finite value); None declines (posbench/lag_bias.py)
+                                         any finite value); None declines
+                                         (posbench/attention/lag_bias.py)
 - bias_factors(q, k, pos, layer) -> fn  optional, beside an additive score_mod whose bias is
                                          r_i + a_i . b_j, r constant along each row (which
                                          softmax ignores) and a, b of low rank R; with
                                          reads_input also x=. fn(o) -> (a, b), each (B or 1, H,
                                          T, R), measured from sequence index o (small near it).
                                          The CPU path at evaluation then gives each query a_i and
-                                         each key b_j as R more coordinates (posbench/lag_bias.py)
+                                         each key b_j as R more coordinates
+                                         (posbench/attention/lag_bias.py)
 - lag_decay(layer) -> (H,) rates a <= 0
                                          optional: the score_mod is score * e^{a_h (pos_i - pos_j)}
                                          and nothing else; the CPU path at evaluation, where
                                          positions step by one, then scales q and k instead
-                                         (posbench/lag_bias.py)
+                                         (posbench/attention/lag_bias.py)
 - remap(q, k, pos, layer) -> (near_q, near_k, far_q, far_k, is_near)
                                          set only while an eval-time distance remap is (RoPE's
                                          rerope, self_extend, shifted_rope), with rotate None:
@@ -56,8 +58,8 @@ import torch
 from omegaconf import MISSING, DictConfig, OmegaConf
 from torch import nn
 
-from posbench.errors import ConfigError, did_you_mean
-from posbench.registry import Entry, Registry
+from posbench.core.errors import ConfigError, did_you_mean
+from posbench.core.registry import Entry, Registry
 
 FAMILIES = ("none", "absolute", "rotary", "group", "bias", "contextual", "hybrid")
 # the eval.* keys that evaluate() passes to set_eval_options, in its argument order
@@ -120,7 +122,7 @@ class PositionalEncoding(nn.Module):
     additive_score_mod: ClassVar[bool] = False
     # ...and that bias is a function of the head and the lag pos_i - pos_j alone (ALiBi, T5,
     # KERPLE, Sandwich): the CPU path then reads every block's mask from one table of lags
-    # (posbench/lag_bias.py) instead of building it
+    # (posbench/attention/lag_bias.py) instead of building it
     lag_only_bias: ClassVar[bool] = False
     # score_mod(q, k, pos, layer, x=x) and row_mod(..., x=x) also receive the attention's input
     # x (B, T, D), after the block's LayerNorm: for terms computed from the tokens themselves
@@ -202,7 +204,8 @@ class PositionalEncoding(nn.Module):
 
     def at_step(self, step: int) -> None:
         """Called by training before every step: an encoding that changes with the step (the
-        switch of train.switch_encoding_at, posbench/schedule.py) takes its state for `step`."""
+        switch of train.switch_encoding_at, posbench/model/schedule.py) takes its state for
+        `step`."""
 
     def attention_options(self, layer: int) -> Dict[str, str]:
         """What this encoding sets of model layer `layer`'s attention, over the model's keys:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from posbench.errors import require
+from posbench.core.errors import require
 from posbench.encodings.base import EncodingConfig, PositionalEncoding, register
 from posbench.encodings.rope import rope_inv_freq
 

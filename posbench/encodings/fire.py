@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from posbench.errors import ConfigError
+from posbench.core.errors import ConfigError
 from posbench.encodings.base import EncodingConfig, PositionalEncoding, relative_lag, register
 
 EPS = 1e-6  # added to the normalizer

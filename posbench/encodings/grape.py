@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posbench.errors import require
+from posbench.core.errors import require
 from posbench.encodings.alibi import alibi_slopes
 from posbench.encodings.base import EncodingConfig, PositionalEncoding, relative_lag, register
 from posbench.encodings.rope import rope_inv_freq

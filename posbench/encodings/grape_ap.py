@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posbench.errors import require
+from posbench.core.errors import require
 from posbench.encodings.alibi import alibi_slopes
 from posbench.encodings.base import EncodingConfig, PositionalEncoding, register
 

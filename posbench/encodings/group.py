@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posbench.errors import ConfigError
+from posbench.core.errors import ConfigError
 from posbench.encodings.alibi import alibi_slopes
 from posbench.encodings.base import EncodingConfig, PositionalEncoding, relative_lag, register
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from posbench.errors import ConfigError
+from posbench.core.errors import ConfigError
 from posbench.encodings.base import EncodingConfig, PositionalEncoding, register
 
 NORM_BY = ("none", "n", "L")

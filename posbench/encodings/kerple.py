@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from posbench.errors import ConfigError
+from posbench.core.errors import ConfigError
 from posbench.encodings.base import EncodingConfig, PositionalEncoding, relative_lag, register
 
 R_MIN = 0.01  # both parameters stay >= R_MIN (chijames/KERPLE eps)

@@ -17,9 +17,9 @@ from typing import List
 from torch import nn
 
 from posbench.encodings.base import EncodingConfig, PositionalEncoding, register, registry
-from posbench.errors import ConfigError, did_you_mean
-from posbench.span import ATTENTIONS
-from posbench.temperature import TEMPERATURES
+from posbench.core.errors import ConfigError, did_you_mean
+from posbench.attention.span import ATTENTIONS
+from posbench.attention.temperature import TEMPERATURES
 
 
 @dataclass
@@ -28,10 +28,11 @@ class LayersConfig(EncodingConfig):
     # model.n_layer: layer i takes pattern[i % len(pattern)]
     pattern: List[str] = field(default_factory=lambda: ["rope"])
     # per pattern entry, repeated with it: the attention span of that kind of layer (global,
-    # sliding, chunked; posbench/span.py) of width model.attention_window; empty: model.attention
+    # sliding, chunked; posbench/attention/span.py) of width model.attention_window; empty:
+    # model.attention
     attention: List[str] = field(default_factory=list)
-    # per pattern entry: that kind of layer's softmax temperature (posbench/temperature.py);
-    # empty: model.temperature
+    # per pattern entry: that kind of layer's softmax temperature
+    # (posbench/attention/temperature.py); empty: model.temperature
     temperature: List[str] = field(default_factory=list)
 
 

@@ -3,7 +3,7 @@ from dataclasses import dataclass
 
 import torch
 
-from posbench.errors import ConfigError
+from posbench.core.errors import ConfigError
 from posbench.encodings.base import register
 from posbench.encodings.rope import RoPE, rope_inv_freq
 

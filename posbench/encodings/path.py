@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posbench.errors import require
+from posbench.core.errors import require
 from posbench.encodings.base import EncodingConfig, PositionalEncoding, register
 from posbench.encodings.fox import FoX, FoxConfig
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from posbench.errors import ConfigError
+from posbench.core.errors import ConfigError
 from posbench.encodings.base import EncodingConfig, PositionalEncoding, register, registry
 
 # evaluation draws never depend on the run's seed: every run is scored at the same positions

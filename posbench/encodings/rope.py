@@ -7,7 +7,7 @@ length extensions of a trained RoPE model (docs/encodings.md#eval-time-options):
   evaluated length n and the training length L;
 - of its relative distances (ReRoPE, Self-Extend, ShifTed RoPE; REMAPS): keys near the query
   keep RoPE's logit, the others get the logit of a remapped distance. The attention takes both
-  logits from the `remap` hook (posbench/attention.py: remapped_attention), which replaces
+  logits from the `remap` hook (posbench/attention/paths.py: remapped_attention), which replaces
   `rotate` while a remap is set.
 """
 import math
@@ -16,7 +16,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
-from posbench.errors import ConfigError, require
+from posbench.core.errors import ConfigError, require
 from posbench.encodings.base import EncodingConfig, PositionalEncoding, register, relative_lag
 
 # YaRN's bounds in turns per training window, beta_fast and beta_slow of its released code: pairs
@@ -263,7 +263,7 @@ class RoPE(PositionalEncoding):
         super().set_eval_options(rope_scaling, temperature, rope_scaling_factor,
                                  randomized_positions, rope_window, rope_shift)
         # a remap needs two logits per (query, key): its hook rotates q and k itself, in place of
-        # `rotate`, and the attention takes the remapped path (posbench/attention.py)
+        # `rotate`, and the attention takes the remapped path (posbench/attention/paths.py)
         self.__dict__.pop("rotate", None)
         self.__dict__.pop("remap", None)
         self.remapping = None

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from posbench.errors import ConfigError
+from posbench.core.errors import ConfigError
 from posbench.encodings.base import EncodingConfig, PositionalEncoding, register
 from posbench.encodings.rope import apply_rotary, rope_inv_freq, rope_tables
 

@@ -4,7 +4,7 @@ from typing import Optional
 
 import torch
 
-from posbench.errors import ConfigError
+from posbench.core.errors import ConfigError
 from posbench.encodings.base import EncodingConfig, PositionalEncoding, relative_lag, register
 
 

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import torch
 
-from posbench.errors import ConfigError
+from posbench.core.errors import ConfigError
 from posbench.encodings.base import EncodingConfig, PositionalEncoding, register
 from posbench.encodings.rope import rope_inv_freq
 

@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from posbench.errors import ConfigError
+from posbench.core.errors import ConfigError
 from posbench.encodings.base import register
 from posbench.encodings.rope import RoPE
 

@@ -26,8 +26,8 @@ import torch
 from omegaconf import OmegaConf
 
 from posbench.encodings.base import EVAL_OPTIONS
-from posbench.errors import ConfigError
-from posbench.registry import Entry, Registry
+from posbench.core.errors import ConfigError
+from posbench.core.registry import Entry, Registry
 
 
 @dataclass
@@ -198,7 +198,8 @@ def run(evaluations: List[Evaluation], model, device: torch.device) -> Dict[str,
 
 def with_train_length(eval_cfg, train_len: int):
     """eval_cfg with the training length among its lengths: every run records its perplexity
-    there, the reference of its extrapolation ratio and of the parity check (posbench/parity.py)."""
+    there, the reference of its extrapolation ratio and of the parity check
+    (posbench/core/parity.py)."""
     if train_len in eval_cfg.lengths:
         return eval_cfg
     cfg = OmegaConf.create(OmegaConf.to_container(eval_cfg, resolve=True))

@@ -13,11 +13,11 @@ import torch.nn.functional as F
 
 from posbench.data import dataset_class
 from posbench.data.windows import EvalPlan
-from posbench.device import autocast
-from posbench.errors import ConfigError, did_you_mean, require, require_positive
+from posbench.core.device import autocast
+from posbench.core.errors import ConfigError, did_you_mean, require, require_positive
 from posbench.evaluations.base import (EvalConfig, Evaluation, effective_length, eval_config,
                                        is_oom, registry, set_eval_options, with_train_length)
-from posbench.progress import Bar
+from posbench.core.progress import Bar
 
 MAX_BINS = 64  # per-position bins per length
 

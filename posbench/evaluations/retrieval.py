@@ -30,14 +30,14 @@ import torch
 
 from posbench.data.base import dataset_class, dataset_config
 from posbench.data.tokenize import Tokenizer
-from posbench.device import autocast
-from posbench.errors import ConfigError, require, require_positive
+from posbench.core.device import autocast
+from posbench.core.errors import ConfigError, require, require_positive
 from posbench.evaluations.base import (EvalConfig, Section, SectionConfig, effective_length,
                                        eval_config, is_oom, register, set_eval_options,
                                        with_train_length)
 from posbench.evaluations.perplexity import ppl_effective_length
-from posbench.plots import pyplot, save_figure
-from posbench.progress import Bar
+from posbench.core.plots import pyplot, save_figure
+from posbench.core.progress import Bar
 
 ALNUM = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 SAMPLE = 1 << 24  # validation tokens read to find which letter and digit tokens occur

@@ -8,7 +8,7 @@ from typing import Optional
 import numpy as np
 
 from posbench.data.windows import spread
-from posbench.errors import require
+from posbench.core.errors import require
 from posbench.evaluations.base import register
 from posbench.evaluations.perplexity import Protocol
 

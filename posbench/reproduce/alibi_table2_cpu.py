@@ -27,8 +27,8 @@ class AlibiTable2Cpu(Reproduction):
     published = PUBLISHED
     source = SOURCE
     claims = claims(
-        0.15, "posbench's parity tolerance (posbench/parity.py): at this budget sinusoidal ends "
-        "12.8% ± 1.0% behind T5 at L over 3 seeds (docs/results.md), the absolute encodings "
+        0.15, "posbench's parity tolerance (posbench/core/parity.py): at this budget sinusoidal "
+        "ends 12.8% ± 1.0% behind T5 at L over 3 seeds (docs/results.md), the absolute encodings "
         "learning position per optimizer step; within 15% the ratios still compare",
         0.05, "the default study's T5 and ALiBi are not separated at this scale: their 8L ratios "
         "differ by 0.02 with 95% bands of 2-3% (docs/results.md), so an inversion under 0.05 "

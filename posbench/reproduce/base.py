@@ -27,8 +27,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, List, Optional, Tuple
 
-from posbench.errors import ConfigError
-from posbench.registry import Entry, Registry
+from posbench.core.errors import ConfigError
+from posbench.core.registry import Entry, Registry
 from posbench.reproduce.claims import Claim, Measured
 
 DEVICES = ("cpu", "cuda")
@@ -91,7 +91,7 @@ class Reproduction:
         """Finished runs' results.json records -> group -> x -> mean over seeds: perplexity by
         length over the training length (axis length), or at the training length by the model's
         parameter count (axis size)."""
-        from posbench.report import aggregate
+        from posbench.reports.report import aggregate
 
         train_lens = {r["train"]["seq_len"] for r in records}
         if len(train_lens) > 1:

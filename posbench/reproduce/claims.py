@@ -117,7 +117,7 @@ class OrderPast(Claim):
     """Past `past`·L the groups degrade in `order` (worst first): each group's log-ppl growth,
     the mean over the lengths x > past that every group shares of ln(ppl(x)/ppl(L)), is at least
     the next group's minus `tolerance` (nats). Groups more than `parity` behind the best at L
-    make the ratios not comparable (posbench/parity.py)."""
+    make the ratios not comparable (posbench/core/parity.py)."""
     order: Tuple[str, ...] = ()
     past: float = 2.0
     parity: float = 0.15

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from posbench.errors import ConfigError, did_you_mean
+from posbench.core.errors import ConfigError, did_you_mean
 from posbench.reproduce.base import registry
 from posbench.reproduce.judge import check_owner, finished_records, judge
 

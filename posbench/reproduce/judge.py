@@ -1,7 +1,7 @@
 """Judge a reproduction's finished runs: the paper's numbers beside posbench's, each claim with
 its verdict, into reproduction.md and reproduction.json in the sweep dir (each written
 atomically), and the same table printed. The runs are read as `posbench report` reads them
-(posbench/report.py: find_runs, aggregate); reproduction.json also marks the folder as the
+(posbench/reports/report.py: find_runs, aggregate); reproduction.json also marks the folder as the
 entry's, so that another entry's --report refuses it."""
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from posbench.errors import ConfigError
-from posbench.io import write_json, write_text
-from posbench.report import find_runs
+from posbench.core.errors import ConfigError
+from posbench.core.io import write_json, write_text
+from posbench.reports.report import find_runs
 from posbench.reproduce.claims import VERDICTS, Claim, Measured, size_label, x_text
-from posbench.results import RESULTS
-from posbench.version import __version__
+from posbench.runs.results import RESULTS
+from posbench.core.version import __version__
 
 REPORT_MD, REPORT_JSON = "reproduction.md", "reproduction.json"
 

@@ -10,7 +10,7 @@ from typing import Mapping, Optional
 
 import torch
 
-from posbench.errors import ConfigError
+from posbench.core.errors import ConfigError
 
 
 def resolve_device(name: str) -> torch.device:
@@ -48,7 +48,7 @@ def rng_state(device: torch.device) -> dict:
 def set_rng_state(state: dict, device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
     # A checkpoint written on CPU has no CUDA state: the CUDA generator is then left as
-    # torch.manual_seed(seed) left it before the model was built (posbench/run.py), so the
+    # torch.manual_seed(seed) left it before the model was built (posbench/runs/run.py), so the
     # resume is deterministic in the run's seed, though it cannot continue a stream that the CPU
     # run never drew from.
     if device.type == "cuda" and "cuda" in state:

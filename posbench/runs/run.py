@@ -11,7 +11,7 @@ One start of a run (`posbench train`, a sweep's job, `train()` from Python) goes
    (every training and evaluation window), builds the model and, when checkpoint.pt is there,
    loads it after refusing one of another version, config or corpus. It writes nothing but the
    lock, which it releases when it refuses.
-3. train() trains from the checkpoint's step (posbench/train.py: fit), evaluates, and writes
+3. train() trains from the checkpoint's step (posbench/runs/train.py: fit), evaluates, and writes
    results.json last. On CPU a resumed run ends bit for bit where an uninterrupted one would
    have. A run that fails once started writes results.json with status failed (interrupted, for
    Ctrl-C) and the reason, and keeps its last good checkpoint, from which the next start
@@ -29,21 +29,21 @@ from typing import Callable, List, Optional, Union
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from posbench import distributed
-from posbench.checkpoint import CHECKPOINT, Checkpoint
+from posbench.runs import distributed
+from posbench.runs.checkpoint import CHECKPOINT, Checkpoint
 from posbench.config import flatten, to_container, with_defaults
 from posbench import evaluations
 from posbench.data import Data, prepare
-from posbench.device import resolve_device
-from posbench.errors import CheckpointError, ConfigError, one_line
+from posbench.core.device import resolve_device
+from posbench.core.errors import CheckpointError, ConfigError, one_line
 from posbench.evaluations import Evaluation
 from posbench.evaluations.retrieval import training_mix
-from posbench.io import FileLock, LockHeld, write_json
-from posbench.loggers import NoLogger, make_logger
-from posbench.model import build_model
-from posbench.results import RESULTS, load_results, print_curve, results_record, write_results
-from posbench.train import Progress, fit
-from posbench.version import __version__
+from posbench.core.io import FileLock, LockHeld, write_json
+from posbench.runs.loggers import NoLogger, make_logger
+from posbench.model.transformer import build_model
+from posbench.runs.results import RESULTS, load_results, print_curve, results_record, write_results
+from posbench.runs.train import Progress, fit
+from posbench.core.version import __version__
 
 # config keys that change neither the weights nor the training loss: they may differ on resume
 RESUME_FREE = ("eval.", "logger.", "train.resume", "train.ckpt_every", "dataset.cache_dir")
@@ -214,7 +214,7 @@ class RunDir:
 
 def initial_weights(parent: Path, data: Data, model) -> None:
     """train.init_from: loads the weights of a finished run (an extension's parent,
-    posbench/extend.py), refused in one line when it did not finish, was trained on other data
+    posbench/runs/extend.py), refused in one line when it did not finish, was trained on other data
     or holds another model."""
     finished_results(parent)
     path = parent / CHECKPOINT

@@ -8,7 +8,7 @@ from typing import List
 
 import yaml
 
-from posbench.io import write_text
+from posbench.core.io import write_text
 
 WANDB_ID = "wandb_run_id"  # in the run dir
 
@@ -60,7 +60,7 @@ class WandbLogger:
         try:
             import wandb
         except ImportError:
-            from posbench.errors import ConfigError
+            from posbench.core.errors import ConfigError
 
             raise ConfigError("logger=wandb is not available: the wandb package is not "
                               "installed; expected `pip install 'posbench[wandb]'` or logger=none")

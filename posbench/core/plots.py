@@ -10,8 +10,8 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from posbench.io import atomic_path
-from posbench.parity import Gap
+from posbench.core.io import atomic_path
+from posbench.core.parity import Gap
 
 METRICS = {"ppl": ("perplexity", True), "accuracy": ("exact-match accuracy", False)}
 

@@ -16,11 +16,11 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from posbench.device import autocast
+from posbench.core.device import autocast
 from posbench.evaluations.base import set_eval_options
 from posbench.evaluations.perplexity import eval_plan
-from posbench.io import write_text
-from posbench.plots import pyplot, save_figure
+from posbench.core.io import write_text
+from posbench.core.plots import pyplot, save_figure
 
 METRICS = "metrics.csv"
 LOSS_PLOT = "loss_vs_step.png"

@@ -8,8 +8,8 @@ n an evaluation length, d = model.d_model, V the vocabulary, P the parameters:
 - evaluation FLOPs: (2·N + 2·n_layer·n·d) per processed token, summed over the lengths;
 - training memory: 16·P bytes (fp32 weights, gradients and AdamW's two moments), plus
   4·B·L·(28·n_layer·d + 4·V) bytes of activations kept for the backward pass, plus, for an
-  encoding with a score hook, 4 blocks of attention scores in fp32 (posbench/attention.py bounds
-  a block), plus 0.5 GiB for the interpreter, torch and the corpus;
+  encoding with a score hook, 4 blocks of attention scores in fp32 (posbench/attention/paths.py
+  bounds a block), plus 0.5 GiB for the interpreter, torch and the corpus;
 - evaluation memory at the longest length n: 4·P bytes, plus 4·b·n·(16·d + 2·V·min(1, 4096/n))
   bytes with b = max(1, eval.batch_tokens // n) windows per forward pass, plus 10 score blocks
   and the 0.5 GiB as above.
@@ -27,7 +27,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from posbench.attention import BLOCK_ELEMENTS
+from posbench.attention.paths import BLOCK_ELEMENTS
 from posbench.config import ROPE_REMAPS
 from posbench.evaluations.base import with_train_length
 from posbench.evaluations.perplexity import protocol_of
@@ -69,7 +69,7 @@ def _processed_tokens(eval_cfg, length: int) -> int:
 
 def estimate(cfg, world_size: int = 1) -> Estimate:
     """The estimate of a checked config (no data read: the model is built on the meta device)."""
-    from posbench.model import build_model
+    from posbench.model.transformer import build_model
 
     with torch.device("meta"):
         model = build_model(cfg)

@@ -1,4 +1,5 @@
-"""The training loop: from a planned start (posbench/run.py) to train.steps, with its checkpoints.
+"""The training loop: from a planned start (posbench/runs/run.py) to train.steps, with its
+checkpoints.
 
 A non-finite loss stops training: on CPU it is caught at the step that made it; on CUDA, to
 spare a host sync per step, at the next log step or checkpoint, always before the bad weights
@@ -15,16 +16,16 @@ from typing import Optional
 import torch
 from omegaconf import DictConfig
 
-from posbench import distributed
-from posbench.checkpoint import CHECKPOINT, Checkpoint
+from posbench.runs import distributed
+from posbench.runs.checkpoint import CHECKPOINT, Checkpoint
 from posbench.config import to_container
 from posbench.data.windows import IGNORE
-from posbench.device import allow_tf32, autocast, rng_state, set_rng_state
+from posbench.core.device import allow_tf32, autocast, rng_state, set_rng_state
 from posbench.evaluations.base import set_eval_options
-from posbench.extend import curve_for, pose_positions
-from posbench.progress import Bar
-from posbench.trainlog import LOSS_PLOT, METRICS, MetricsLog, Validation, plot_losses
-from posbench.version import __version__
+from posbench.runs.extend import curve_for, pose_positions
+from posbench.core.progress import Bar
+from posbench.runs.trainlog import LOSS_PLOT, METRICS, MetricsLog, Validation, plot_losses
+from posbench.core.version import __version__
 
 
 @dataclass
@@ -119,7 +120,7 @@ def train_step(model, step_fn, optimizer, x, y, lr: float, grad_clip: float,
 
 def training_options(t) -> dict:
     """The encoding options the model trains with: train.rope_scaling and its factor (an
-    extension's, posbench/extend.py), the eval-time defaults otherwise."""
+    extension's, posbench/runs/extend.py), the eval-time defaults otherwise."""
     return {"rope_scaling": t.get("rope_scaling", "none"),
             "rope_scaling_factor": t.get("rope_scaling_factor")}
 
@@ -131,8 +132,8 @@ def prepare_training(model, t) -> None:
 
 
 def fit(cfg: DictConfig, start, run_dir: Path, logger, progress: Progress) -> dict:
-    """Trains a planned start (posbench/run.py: Start) from its step to train.steps; returns the
-    `train` part of results.json."""
+    """Trains a planned start (posbench/runs/run.py: Start) from its step to train.steps; returns
+    the `train` part of results.json."""
     t, device, model, data = cfg.train, start.device, start.model, start.data
     main = distributed.is_main()
     allow_tf32(device)

@@ -43,7 +43,7 @@ def wrap(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
         return model
     from torch.nn.parallel import DistributedDataParallel
 
-    from posbench.schedule import SwitchedEncoding
+    from posbench.model.schedule import SwitchedEncoding
 
     # Under a switch (train.switch_encoding_at) one of the two encodings takes no gradient in
     # each phase. DDP then has to look for unused parameters at every step (a walk of the

@@ -21,8 +21,8 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from posbench.errors import CheckpointError
-from posbench.io import atomic_path, write_text
+from posbench.core.errors import CheckpointError
+from posbench.core.io import atomic_path, write_text
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -81,7 +81,7 @@ class Checkpoint:
     step: int  # steps done
     model: dict  # state_dict
     optimizer: dict
-    rng: dict  # posbench/device.py: rng_state
+    rng: dict  # posbench/core/device.py: rng_state
     window: torch.Tensor  # per-step losses of the open log window
     final_loss: float  # mean of the last closed log window
     last_loss: Optional[float]  # last finite per-step loss

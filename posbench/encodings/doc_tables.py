@@ -3,7 +3,7 @@ pages cannot drift from the code (tests/test_docs.py compares; scripts/gen_encod
 rewrites both)."""
 from __future__ import annotations
 
-from posbench.encodings import Dims, registry
+from posbench.encodings.base import Dims, registry
 
 HOOK_PLACES = (("positions", "position ids"), ("embed", "input embedding"),
                ("rotate", "q/k maps"), ("score_mod", "attention logits"),

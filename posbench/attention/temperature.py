@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from posbench.span import GLOBAL, Span
+from posbench.attention.span import GLOBAL, Span
 
 TEMPERATURES = ("none", "logn", "ssmax", "llama4_floorlog", "yarn", "drope_beta")
 LEARNED = ("ssmax",)

@@ -10,14 +10,14 @@ from typing import Any, Dict, Optional
 
 from omegaconf import DictConfig
 
-from posbench.checkpoint import CHECKPOINT
+from posbench.runs.checkpoint import CHECKPOINT
 from posbench.config import flatten, to_container, with_defaults
-from posbench.errors import ConfigError
+from posbench.core.errors import ConfigError
 from posbench import evaluations
-from posbench.loggers import make_logger, run_group
-from posbench.resolvers import summary
-from posbench.results import load_results, print_curve, results_record, write_results
-from posbench.run import finished_results, prepare_run, trained_model
+from posbench.runs.loggers import make_logger, run_group
+from posbench.core.resolvers import summary
+from posbench.runs.results import load_results, print_curve, results_record, write_results
+from posbench.runs.run import finished_results, prepare_run, trained_model
 
 
 def override_text(value: Any) -> str:

@@ -20,14 +20,14 @@ from typing import Dict, List, Optional, Tuple
 from hydra.experimental.callback import Callback
 
 from posbench.config import flatten
-from posbench.errors import ConfigError
-from posbench.io import write_text
+from posbench.core.errors import ConfigError
+from posbench.core.io import write_text
 from posbench.evaluations import retrieval
-from posbench.parity import UNDER_TRAINED, Gap, parity_gaps
-from posbench.extend import plot_sweep
-from posbench.plots import METRICS, plot_curves
-from posbench.reeval import change_label, eval_changes, override_text
-from posbench.results import REFUSED, RESULTS, load_results, rescore_label
+from posbench.core.parity import UNDER_TRAINED, Gap, parity_gaps
+from posbench.runs.extend import plot_sweep
+from posbench.core.plots import METRICS, plot_curves
+from posbench.runs.rescore import change_label, eval_changes, override_text
+from posbench.runs.results import REFUSED, RESULTS, load_results, rescore_label
 
 # keys that differ between runs without being an experimental factor
 IGNORED_KEYS = ("seed", "dataset.cache_dir", "logger.")
@@ -36,7 +36,7 @@ T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.
        2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060,
        2.056, 2.052, 2.048, 2.045, 2.042)
 BAND = "95% interval of the mean over seeds (Student t)"
-RESCORE_PREFIX = "results.eval-"  # the re-scores of posbench eval (posbench/reeval.py)
+RESCORE_PREFIX = "results.eval-"  # the re-scores of posbench eval (posbench/runs/rescore.py)
 VALUE_CHARS = 16  # a longer value is cut in a group label
 
 
@@ -370,6 +370,6 @@ class SweepReport(Callback):
                 print(f"posbench report: {err}")
                 return
             if config.logger.name == "wandb":
-                from posbench.loggers import log_sweep_report
+                from posbench.runs.loggers import log_sweep_report
 
                 log_sweep_report(config.logger, sweep_dir, parity)

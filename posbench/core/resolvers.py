@@ -43,7 +43,8 @@ def short_value(value: str) -> str:
 
 def summary(pairs: Iterable[Tuple[str, str]]) -> str:
     """`<key>-<value>_...` in safe characters, at most NAME_CHARS long (a longer one keeps its
-    start and a hash of the whole); also the tag that names a re-score (posbench/reeval.py)."""
+    start and a hash of the whole); also the tag that names a re-score
+    (posbench/runs/rescore.py)."""
     text = "_".join(f"{_safe(key, NAME_CHARS)}-{short_value(value)}" for key, value in pairs)
     if len(text) > NAME_CHARS:
         text = f"{text[:NAME_CHARS - 7].rstrip('-._')}-{_digest(text)}"

@@ -5,7 +5,7 @@ against fine-tuning steps.
 An extension is a run of its own, in its own run dir (never the parent's), described by its
 config alone, so that it resumes, sweeps and is reported like any run. extension_config turns
 the parent's config and the command's overrides into it:
-- train.init_from: the parent's run dir; its weights start training (posbench/run.py), the
+- train.init_from: the parent's run dir; its weights start training (posbench/runs/run.py), the
   optimizer, schedule and step start afresh;
 - train.seq_len: the longer length (default SCALE x the parent's), or with train.pose_span the
   parent's length, whose window positions skip to span the longer one (PoSE, pose_positions);
@@ -29,10 +29,10 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from posbench import evaluations
 from posbench.config import TRAIN_ROPE_SCALINGS
-from posbench.errors import require
-from posbench.io import write_text
-from posbench.plots import pyplot, save_figure
-from posbench.results import RESULTS
+from posbench.core.errors import require
+from posbench.core.io import write_text
+from posbench.core.plots import pyplot, save_figure
+from posbench.runs.results import RESULTS
 
 SCALE = 4  # default longer length: 4 L (PI extends LLaMA from 2048 to 8192 tokens, s = 4)
 STEPS = 200  # PI: passkey retrieval holds at the extended length after 200 steps
@@ -108,7 +108,7 @@ class StepCurve:
     file ends as an uninterrupted run's does."""
 
     def __init__(self, cfg: DictConfig, start, run_dir: Path, first: int):
-        self.cfg, self.start = cfg, start  # start: posbench/run.py's Start
+        self.cfg, self.start = cfg, start  # start: posbench/runs/run.py's Start
         self.path, self.plot_path = Path(run_dir) / CURVE, Path(run_dir) / CURVE_PLOT
         kept = []
         if self.path.exists():  # a row cut short has no newline; rows past S are scored again

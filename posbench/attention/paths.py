@@ -10,8 +10,8 @@
                                    float mask for fused SDPA in each block instead of dense
                                    scores.
 - a bias of the lag alone, CPU  -> fused SDPA per block of queries, the mask a strided view of
-  (encoding.lag_only_bias)         one table of lags (posbench/lag_bias.py), unless the bias is
-                                   learned and in training
+  (encoding.lag_only_bias)         one table of lags (posbench/attention/lag_bias.py), unless the
+                                   bias is learned and in training
 - encoding.lag_rows, CPU eval   -> the same, the mask a strided view of each block's table of
                                    (query row, lag) (FIRE, Transformer-XL)
 - encoding.lag_decay, CPU eval  -> the same, each block's q and k scaled so that SDPA forms the
@@ -20,9 +20,9 @@
                                    (FoX)
 - a remap (eval-time distance    -> blockwise, each block's logits picked per (query, key) from
   remaps of RoPE)                  two products, near and far (remapped_attention)
-Each layer's span (posbench/span.py) masks the keys outside it with the causal mask: FlexAttention's
-block mask on CUDA (also without a score_mod), and on CPU blocks that take only the keys in reach,
-so memory is bounded by the span's width.
+Each layer's span (posbench/attention/span.py) masks the keys outside it with the causal mask:
+FlexAttention's block mask on CUDA (also without a score_mod), and on CPU blocks that take only the
+keys in reach, so memory is bounded by the span's width.
 """
 from __future__ import annotations
 
@@ -35,10 +35,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from posbench.lag_bias import (decay_attention, factored_bias_attention, lag_bias_attention,
-                               lag_is_index_difference, lag_rows_attention, lag_table)
-from posbench.span import GLOBAL, Span
-from posbench.temperature import Temperature
+from posbench.attention.lag_bias import (decay_attention, factored_bias_attention,
+                                         lag_bias_attention, lag_is_index_difference,
+                                         lag_rows_attention, lag_table)
+from posbench.attention.span import GLOBAL, Span
+from posbench.attention.temperature import Temperature
 
 # score elements per block: bounds the memory of the blockwise path (64 MiB of fp32 per tensor)
 BLOCK_ELEMENTS = 1 << 24
@@ -54,8 +55,8 @@ QK_NORM_EPS = 1e-5
 @dataclass(frozen=True)
 class LayerAttention:
     """One layer's attention options (model.*, or per layer kind in a `layers` pattern)."""
-    span: Span = GLOBAL  # which keys each query sees (posbench/span.py)
-    temperature: str = "none"  # posbench/temperature.py
+    span: Span = GLOBAL  # which keys each query sees (posbench/attention/span.py)
+    temperature: str = "none"  # posbench/attention/temperature.py
     qk_norm: bool = False  # RMSNorm of q and k over the model width (model.qk_norm)
 
 

@@ -10,12 +10,12 @@ from typing import List, Optional
 
 from posbench.config import EvalConfig, to_container
 from posbench.encodings.rope import remap_record
-from posbench.io import write_json, write_text
-from posbench.parity import ppl_at
+from posbench.core.io import write_json, write_text
+from posbench.core.parity import ppl_at
 from posbench import evaluations
 from posbench.evaluations.perplexity import ppl_effective_length, protocol_of
-from posbench.plots import plot_curves, plot_per_position
-from posbench.version import __version__
+from posbench.core.plots import plot_curves, plot_per_position
+from posbench.core.version import __version__
 
 RESULTS = "results.json"
 # in a sweep's job dir that was refused at its start and holds nothing else: the reason
@@ -44,7 +44,7 @@ def results_record(cfg, model, data, curve: List[dict], train: dict,
                  "rope_remap": remap_record(cfg.eval, cfg.train.seq_len),
                  "temperature": cfg.eval.get("temperature"),
                  "randomized_positions": cfg.eval.randomized_positions,
-                 # the reference of parity between runs (posbench/parity.py)
+                 # the reference of parity between runs (posbench/core/parity.py)
                  "train_len_ppl": ppl_at(curve, cfg.train.seq_len),
                  "ppl_tolerance": tolerance,
                  # the largest lengths where ppl and each section that measures one hold up

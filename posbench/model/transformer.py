@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
-from posbench.attention import CausalSelfAttention, LayerAttention
+from posbench.attention.paths import CausalSelfAttention, LayerAttention
 from posbench.encodings import Dims, PositionalEncoding, build_encoding, positions_for
-from posbench.schedule import switched_encoding
-from posbench.span import GLOBAL, Span, default_width
+from posbench.model.schedule import switched_encoding
+from posbench.attention.span import GLOBAL, Span, default_width
 
 
 class MLP(nn.Module):

@@ -21,14 +21,14 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from posbench.attention import BLOCK_ELEMENTS, attention_probs
-from posbench.errors import ConfigError
+from posbench.attention.paths import BLOCK_ELEMENTS, attention_probs
+from posbench.core.errors import ConfigError
 from posbench.data import prepare
 from posbench.evaluations.perplexity import eval_plan
-from posbench.io import write_json
-from posbench.plots import pyplot, save_figure
-from posbench.device import resolve_device
-from posbench.run import trained_model
+from posbench.core.io import write_json
+from posbench.core.plots import pyplot, save_figure
+from posbench.core.device import resolve_device
+from posbench.runs.run import trained_model
 
 TABLE = "encoding.tables.0"  # the learned absolute table (encoding=learned), rows x D
 WINDOWS = 4  # validation windows per length: enough for a mean, cheap on CPU

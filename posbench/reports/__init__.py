@@ -1,0 +1,1 @@
+"""Readers of finished runs: the sweep report and the inspector. This file imports nothing."""
