@@ -23,6 +23,7 @@ from posbench.config import flatten
 from posbench.core.errors import ConfigError
 from posbench.core.io import write_text
 from posbench.evaluations import retrieval
+from posbench.reports.html import PAGE, write_html
 from posbench.core.parity import UNDER_TRAINED, Gap, parity_gaps
 from posbench.runs.extend import plot_sweep
 from posbench.core.plots import METRICS, plot_curves
@@ -237,9 +238,9 @@ def _minutes(seconds: float) -> str:
 
 
 def write_report(root: Path) -> Dict[str, dict]:
-    """summary.md, summary.csv and ppl_vs_length.png (accuracy_vs_length.png for tasks) in
-    `root` from every run and re-score below it. Returns each trained group's parity at the
-    training length."""
+    """summary.md, summary.csv, ppl_vs_length.png (accuracy_vs_length.png for tasks) and
+    report.html, the page of them all (posbench/reports/html.py), in `root` from every run and
+    re-score below it. Returns each trained group's parity at the training length."""
     root = Path(root)
     if not root.is_dir():
         raise ConfigError(f"report dir {str(root)!r} is not accepted; expected a folder of runs")
@@ -347,8 +348,9 @@ def write_report(root: Path) -> Dict[str, dict]:
         plots.append("retrieval_grid.png")
     if plot_sweep(members, member_labels, root / "eval_vs_step.png"):
         plots.append("eval_vs_step.png")
+    write_html(root, lines, plots, groups, ok + failed)
     print("\n".join(lines))
-    print(f"\nwrote {root / 'summary.md'}, summary.csv, " + ", ".join(plots))
+    print(f"\nwrote {root / 'summary.md'}, summary.csv, {PAGE}, " + ", ".join(plots))
     return {label: {"train_length": train_of[label],
                     "train_length_ppl": tables["ppl"][label][train_of[label]]["mean"],
                     "gap": gap.gap, "gap_ci95": gap.band, "under_trained": gap.under_trained,
