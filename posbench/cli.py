@@ -537,7 +537,9 @@ def dry_run(rest: list, named: list) -> None:
     from posbench.runs.estimate import count, gib
 
     global _dry_run
-    kept = [arg for arg in rest if not arg.startswith(("hydra/launcher=", "hydra.launcher."))]
+    # the user's run and sweep dirs too: Hydra would create them (and write multirun.yaml there)
+    kept = [arg for arg in rest if not arg.startswith(("hydra/launcher=", "hydra.launcher.",
+                                                       "hydra.run.dir=", "hydra.sweep.dir="))]
     print("posbench train --dry-run: each job and its estimate (docs/design.md, Estimates); "
           "nothing is run or written")
     _dry_run = {"jobs": 0, "tokens": 0, "flops": 0.0, "refused": 0, "memory": (None, "")}

@@ -1,5 +1,6 @@
-"""The README's examples of a new encoding, dataset, task and evaluation, run as the files they say
-they are, each held to its contract with numbers from an oracle written here."""
+"""The user guide's examples of a new encoding, dataset, task and evaluation (docs/guide.md, "Add
+an encoding, a dataset, a task or an evaluation"), run as the files they say they are, each held
+to its contract with numbers from an oracle written here."""
 import os
 import re
 import sys
@@ -22,18 +23,19 @@ from posbench.core.errors import ConfigError
 from posbench.runs.results import results_record
 from helpers import posbench_cli, results, window_starts
 
-README = (Path(__file__).parents[1] / "README.md").read_text()
+# the page that holds the examples (the README before they moved to the guide)
+GUIDE = (Path(__file__).parents[1] / "docs" / "guide.md").read_text()
 
 
 def example(path: str) -> str:
-    """The README's python block that starts with `# <path>`."""
-    blocks = re.findall(r"```python\n(# (\S+)\n.*?)```", README, flags=re.S)
+    """The guide's python block that starts with `# <path>`."""
+    blocks = re.findall(r"```python\n(# (\S+)\n.*?)```", GUIDE, flags=re.S)
     return next(code for code, named in blocks if named == path)
 
 
 @pytest.fixture
 def module(monkeypatch):
-    """Runs a README example as the module its first line names; the registries, the ConfigStore
+    """Runs a guide example as the module its first line names; the registries, the ConfigStore
     and the schema are as they were afterwards."""
     registries = [encodings._REGISTRY, datasets.base._REGISTRY, evaluations.base._REGISTRY]
     saved = [dict(r) for r in registries]
@@ -142,12 +144,12 @@ def test_the_evaluation_example_counts_right_top_predictions(module, toy, stdlib
     assert record["eval"]["retrieval"] is None  # a section that did not run
 
 
-def test_the_encoding_example_outside_the_package_runs_as_the_readme_says(tmp_path, toy):
-    """The README's recipe verbatim: the example's class as mypkg.py, the config file its prose
+def test_the_encoding_example_outside_the_package_runs_as_the_guide_says(tmp_path, toy):
+    """The guide's recipe verbatim: the example's class as mypkg.py, the config file its prose
     names with the two keys it names, `posbench train encoding=power_bias` from that folder."""
     recipe = re.search(r"outside the package plugs in through Hydra's `_target_`: put\s+"
                        r"`(_target_: mypkg\.PowerBias)` and `(name: power_bias)` in\s+"
-                       r"`(conf/encoding/power_bias\.yaml)`", README)
+                       r"`(conf/encoding/power_bias\.yaml)`", GUIDE)
     (tmp_path / "mypkg.py").write_text(example("posbench/encodings/power_bias.py"))
     (tmp_path / recipe[3]).parent.mkdir(parents=True)
     (tmp_path / recipe[3]).write_text(f"{recipe[1]}\n{recipe[2]}\n")
