@@ -290,9 +290,8 @@ def test_rope_scaling_on_a_non_rotary_encoding_fails_at_compose_in_one_line(enco
 
 def test_unknown_rope_scaling_lists_the_accepted_values():
     with pytest.raises(posbench.ConfigError, match=r"^eval.rope_scaling='linear' is not accepted; "
-                                                  r"expected one of \('none', 'pi', 'ntk', "
-                                                  r"'dynamic_ntk', 'yarn', 'rerope', "
-                                                  r"'self_extend', 'shifted_rope'\)$"):
+                                                  r"expected one of: none, pi, ntk, dynamic_ntk, "
+                                                  r"yarn, rerope, self_extend, shifted_rope$"):
         posbench.compose(["eval.rope_scaling=linear"])
 
 

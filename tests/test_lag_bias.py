@@ -78,14 +78,16 @@ def test_the_lag_only_encodings():
 @pytest.mark.parametrize("name", LAG_ONLY)
 def test_the_bias_is_a_function_of_the_head_and_the_lag(name):
     """The flag's promise: the same bias wherever pos_i - pos_j is the same, in any sequence, at
-    any offset and at any spacing of the positions."""
+    any offset and at any spacing of the positions (as evaluated: a training step's positions
+    are its own, 0..T-1 and PoSE's)."""
     n = 3 * T
-    unit = bias_on(encoding(name), torch.arange(n).unsqueeze(0))[0]  # (H, n, n) at offset 0
+    enc = encoding(name).eval()
+    unit = bias_on(enc, torch.arange(n).unsqueeze(0))[0]  # (H, n, n) at offset 0
     causal = torch.ones(T, T, dtype=torch.bool).tril()
     for offset in (5, 1000):  # lag i - j: the same bias on every diagonal
-        shifted = bias_on(encoding(name), torch.arange(offset, offset + T).unsqueeze(0))[0]
+        shifted = bias_on(enc, torch.arange(offset, offset + T).unsqueeze(0))[0]
         torch.testing.assert_close(shifted[:, causal], unit[:, :T, :T][:, causal])
-    spread = bias_on(encoding(name), (3 * torch.arange(T) + 7).unsqueeze(0))[0]  # lags 3(i - j)
+    spread = bias_on(enc, (3 * torch.arange(T) + 7).unsqueeze(0))[0]  # lags 3(i - j)
     torch.testing.assert_close(spread[:, causal], unit[:, ::3, ::3][:, causal])
 
 

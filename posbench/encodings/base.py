@@ -193,9 +193,15 @@ class PositionalEncoding(nn.Module):
         that a step has no host sync and no graph break under train.compile. At evaluation a
         caller may pass any positions (offset, strided), so they are read, within each sequence
         only, never across two."""
-        if self.training:
+        if self.in_training_step():
             return self.dims.train_positions(pos.shape[1]) - 1
         return int((pos.amax(1) - pos.amin(1)).max())
+
+    def in_training_step(self) -> bool:
+        """A training step's forward: the module in training mode and a gradient taken. Its
+        positions are the run's own (dims.train_positions bounds them); any other forward may
+        be handed any positions (a model left in training mode, scored under no_grad)."""
+        return self.training and torch.is_grad_enabled()
 
     def at_layer(self, layer: int) -> Tuple["PositionalEncoding", int]:
         """The encoding whose hooks act at model layer `layer`, and the layer index they receive:

@@ -50,7 +50,7 @@ class Learned(PositionalEncoding):
             pos = pos.clamp(max=self.dims.train_len - 1)
         else:
             # training's positions are bounded without reading them (no host sync per step)
-            last = (self.dims.train_positions(pos.shape[1]) - 1 if self.training
+            last = (self.dims.train_positions(pos.shape[1]) - 1 if self.in_training_step()
                     else int(pos.max()))
             if last >= table.shape[0]:
                 raise ValueError(f"positions reach {last}, past the learned table "
