@@ -159,53 +159,49 @@ class OrderPast(Claim):
                             + unmeasured(self.order, groups))
 
 
-def ratio_near(values: Dict[float, float], at: float) -> Optional[Tuple[float, float]]:
-    """(x, ppl(x)/ppl(L)) at the measured length x nearest to at·L within a factor of 1.5; None
-    where L or no such length was measured."""
-    near = [x for x in values if x > 1 and abs(math.log(x / at)) <= math.log(1.5)]
-    if 1.0 not in values or not near:
-        return None
-    x = min(near, key=lambda x: abs(math.log(x / at)))
-    return x, values[x] / values[1.0]
-
-
 @dataclass(frozen=True)
-class FlatAt(Claim):
-    """ppl(x)/ppl(L) of `group` at most `most` + tolerance, x the measured length nearest to
-    `at`·L (within a factor of 1.5)."""
+class RatioNear(Claim):
+    """A claim on ppl(x)/ppl(L) of `group`, x the measured length nearest to `at`·L (within a
+    factor of 1.5); `read(ratio) -> (holds, detail)` says what the claim accepts."""
     group: str = "alibi"
     at: float = 8.0
-    most: float = 1.0
+
+    def read(self, ratio: float) -> Tuple[bool, str]:
+        raise NotImplementedError
 
     def judge(self, m: Measured) -> Tuple[str, str]:
-        found = ratio_near(m.values.get(self.group, {}), self.at)
-        if found is None:
+        values = m.values.get(self.group, {})
+        near = [x for x in values if x > 1 and abs(math.log(x / self.at)) <= math.log(1.5)]
+        if 1.0 not in values or not near:
             return NOT_COMPARABLE, f"{self.group} was not measured at L and near {self.at:.3g}L"
-        x, ratio = found
-        detail = (f"{self.group}: ppl({x:.3g}L)/ppl(L) = {ratio:.3f}, at most {self.most:g} + "
-                  f"{self.tolerance:g} accepted")
-        return (REPRODUCED if ratio <= self.most + self.tolerance else NOT_REPRODUCED), detail
+        x = min(near, key=lambda x: abs(math.log(x / self.at)))
+        ratio = values[x] / values[1.0]
+        holds, detail = self.read(ratio)
+        return ((REPRODUCED if holds else NOT_REPRODUCED),
+                f"{self.group}: ppl({x:.3g}L)/ppl(L) = {ratio:.3f}, {detail}")
 
 
 @dataclass(frozen=True)
-class RatioAt(Claim):
-    """ppl(x)/ppl(L) of `group` is the paper's `ratio` within `tolerance` (relative), x the
-    measured length nearest to `at`·L (within a factor of 1.5): how fast an encoding degrades,
-    where the order alone would pass a curve that rises three times as fast, or not at all."""
-    group: str = "rope"
-    at: float = 8.0
+class FlatAt(RatioNear):
+    """The ratio at most `most` + tolerance."""
+    most: float = 1.0
+
+    def read(self, ratio: float) -> Tuple[bool, str]:
+        return (ratio <= self.most + self.tolerance,
+                f"at most {self.most:g} + {self.tolerance:g} accepted")
+
+
+@dataclass(frozen=True)
+class RatioAt(RatioNear):
+    """The ratio is the paper's `ratio` within `tolerance` (relative): how fast an encoding
+    degrades, where the order alone would pass a curve that rises three times as fast, or not
+    at all."""
     ratio: float = 1.0
 
-    def judge(self, m: Measured) -> Tuple[str, str]:
-        found = ratio_near(m.values.get(self.group, {}), self.at)
-        if found is None:
-            return NOT_COMPARABLE, f"{self.group} was not measured at L and near {self.at:.3g}L"
-        x, ratio = found
+    def read(self, ratio: float) -> Tuple[bool, str]:
         off = ratio / self.ratio - 1
-        detail = (f"{self.group}: ppl({x:.3g}L)/ppl(L) = {ratio:.3f} against the paper's "
-                  f"{self.ratio:.3f} at {self.at:.3g}L ({pct(off)}; tolerance "
-                  f"{self.tolerance_text()})")
-        return (REPRODUCED if abs(off) <= self.tolerance else NOT_REPRODUCED), detail
+        return (abs(off) <= self.tolerance, f"against the paper's {self.ratio:.3f} at "
+                f"{self.at:.3g}L ({pct(off)}; tolerance {self.tolerance_text()})")
 
 
 @dataclass(frozen=True)
