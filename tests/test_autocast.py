@@ -126,3 +126,31 @@ def test_group_shear_logits_under_autocast_match_float64(position):
         expected = ((q[lag:] @ torch.linalg.matrix_exp(lag * X)) * k[:n - lag]).sum(-1)
         worst = max(worst, (got.diagonal(-lag) - expected / math.sqrt(d)).abs().max().item())
     assert worst < 2e-4, worst
+
+
+@pytest.mark.parametrize("name", ["transformer_xl", "shaw"])
+def test_tables_kept_in_fp32_stay_fp32_under_autocast(name, monkeypatch):
+    """Transformer-XL's lag terms and Shaw's q.w_K are built in fp32 at least, which CUDA's
+    autocast would round to bf16 (CPU autocast rounds the same matmuls): the score_mod gives the
+    same bias with autocast on as off, Transformer-XL's in its CUDA form (one whole table)."""
+    from posbench.encodings import transformer_xl
+
+    monkeypatch.setattr(transformer_xl, "whole_table", lambda q: True)
+    cfg = posbench.compose([f"encoding={name}", "model.n_layer=1", "model.d_model=64",
+                            "model.n_head=2", f"train.seq_len={TRAIN_LEN}"])
+    enc = posbench.build_model(cfg, 64).encoding.eval()
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(2, 2, 48, 32, generator=g) for _ in range(2))
+    pos = torch.arange(48).expand(2, 48)
+    b, h = torch.arange(2).view(2, 1, 1, 1), torch.arange(2).view(1, 2, 1, 1)
+    grid = torch.arange(48).view(1, 1, 48, 1), torch.arange(48).view(1, 1, 1, 48)
+
+    def bias():
+        return enc.score_mod(q, k, pos, 0)(torch.zeros(()), b, h, *grid)
+
+    with torch.no_grad():
+        exact = bias()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            rounded = bias()
+    assert rounded.dtype == torch.float32
+    torch.testing.assert_close(rounded, exact, rtol=1e-6, atol=1e-6)

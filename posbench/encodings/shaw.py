@@ -53,7 +53,9 @@ class Shaw(PositionalEncoding):
     def score_mod(self, q, k, pos, layer):
         dtype = torch.promote_types(q.dtype, torch.float32)
         # q_i.wK[lag]/sqrt(d) for every query and clipped lag: (B, H, T, k+1)
-        q_w = q.to(dtype) @ self.w_k[layer].to(dtype).transpose(-1, -2) / math.sqrt(q.shape[-1])
+        with torch.autocast(q.device.type, enabled=False):  # fp32 under autocast too
+            q_w = (q.to(dtype) @ self.w_k[layer].to(dtype).transpose(-1, -2)
+                   / math.sqrt(q.shape[-1]))
         clip, lag = self.cfg.k, relative_lag(pos)
 
         def shaw_keys(score, b, h, q_idx, kv_idx):

@@ -28,7 +28,8 @@ def relative_sinusoids(lags: torch.Tensor, dim: int) -> torch.Tensor:
 def lag_keys(w_r: torch.Tensor, n_lags: int, n_head: int) -> torch.Tensor:
     """W_R R_lag per head for lag = 0..n_lags-1, (H, n_lags, d), in w_r's dtype; w_r (H*d, D)."""
     r = relative_sinusoids(torch.arange(n_lags, device=w_r.device), w_r.shape[1]).to(w_r.dtype)
-    return (r @ w_r.T).view(n_lags, n_head, -1).transpose(0, 1)
+    with torch.autocast(w_r.device.type, enabled=False):  # in w_r's dtype under autocast too
+        return (r @ w_r.T).view(n_lags, n_head, -1).transpose(0, 1)
 
 
 def whole_table(q: torch.Tensor) -> bool:
@@ -77,9 +78,12 @@ class TransformerXL(PositionalEncoding):
 
     def score_mod(self, q, k, pos, layer):
         u, keys, queries = self.lag_terms(q, pos, layer)
-        # term (c), (B, H, T)
-        key_bias = (k.to(u.dtype) @ u.unsqueeze(-1)).squeeze(-1) * (1 / math.sqrt(q.shape[3]))
-        table = queries @ keys if whole_table(q) else None  # (B, H, T, lags)
+        # the terms in fp32 at least, as lag_terms made their operands: CUDA's autocast would
+        # round these products to bf16
+        with torch.autocast(q.device.type, enabled=False):
+            # term (c), (B, H, T)
+            key_bias = (k.to(u.dtype) @ u.unsqueeze(-1)).squeeze(-1) * (1 / math.sqrt(q.shape[3]))
+            table = queries @ keys if whole_table(q) else None  # (B, H, T, lags)
         lag_of = relative_lag(pos)
 
         def transformer_xl(score, b, h, q_idx, kv_idx):
@@ -88,7 +92,8 @@ class TransformerXL(PositionalEncoding):
             if table is not None:
                 position = table[b, h, q_idx, lag]
             else:  # q_idx is a column of query rows, (1, 1, rows, 1): only those rows' lags
-                by_lag = queries[:, :, q_idx.flatten()] @ keys  # (B, H, rows, lags)
+                with torch.autocast(q.device.type, enabled=False):
+                    by_lag = queries[:, :, q_idx.flatten()] @ keys  # (B, H, rows, lags)
                 position = by_lag.gather(-1, lag.expand(*by_lag.shape[:-1], lag.shape[-1]))
             return score + key_bias[b, h, kv_idx] + position
 
