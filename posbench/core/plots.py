@@ -48,17 +48,30 @@ def plain_number(value: float) -> str:
 
 
 def log_ticks(lo: float, hi: float) -> List[float]:
-    """Three to eight round values between lo and hi for a log axis: 1-2-5 and finer steps of
-    each decade, or, when the range holds fewer, evenly spaced values of two significant digits."""
+    """Three to eight round values spanning lo..hi for a log axis: 1-2-5 and finer steps of each
+    decade, or, when those leave more than half the range without a tick (8, 9, 10 for 8..18.5),
+    evenly spaced values of two significant digits."""
     decades = range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
     for mantissas in ((1,), (1, 3), (1, 2, 5), (1, 1.5, 2, 3, 5, 7), tuple(range(1, 10))):
         ticks = [m * 10.0 ** k for k in decades for m in mantissas if lo <= m * 10.0 ** k <= hi]
-        if 3 <= len(ticks) <= 8:
-            return ticks
         if len(ticks) > 8:
             break
+        if len(ticks) >= 3 and np.diff(np.log([lo, *ticks, hi])).max() <= math.log(hi / lo) / 2:
+            return ticks
     step = float(f"{(hi - lo) / 4:.1g}")
     return [round(v, 10) for v in np.arange(math.ceil(lo / step) * step, hi, step)]
+
+
+def plain_log_y(ax) -> None:
+    """A log y axis (perplexity) labelled at log_ticks of its limits as plain numbers, with no
+    minor labels (matplotlib's own write 10^1 and 9x10^0 and may label one tick in a range).
+    Call it once the data is drawn: the ticks come from the limits."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(FixedLocator(log_ticks(*ax.get_ylim())))
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: plain_number(v)))
 
 
 def _plain_axes(ax, lengths: List[int], log_y: bool) -> None:
@@ -72,9 +85,7 @@ def _plain_axes(ax, lengths: List[int], log_y: bool) -> None:
     ax.xaxis.set_minor_locator(NullLocator())
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: plain_number(v)))
     if log_y:
-        ax.yaxis.set_major_locator(FixedLocator(log_ticks(*ax.get_ylim())))
-        ax.yaxis.set_minor_locator(NullLocator())
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: plain_number(v)))
+        plain_log_y(ax)
 
 
 def _legend(ax) -> None:
@@ -132,9 +143,7 @@ def plot_curves(series: Dict[str, List[Tuple[int, float, Optional[float]]]], tra
             ax.fill_between(xs, [y - b for y, b in zip(ys, bands)],
                             [y + b for y, b in zip(ys, bands)], color=colour, alpha=0.2)
     ax.set_xscale("log", base=2)
-    if log_y:
-        ax.set_yscale("log")
-    else:
+    if not log_y:
         ax.set_ylim(-0.02, 1.02)
     _plain_axes(ax, lengths + [train_len], log_y)
     ax.set_xlabel("evaluation length (tokens)")

@@ -199,7 +199,8 @@ def plot_attention(summary: dict, train_len: int, path: Path) -> None:
     plt = pyplot()
     per_length = summary["lengths"]
     n_layer = len(per_length[0]["mass"])
-    fig, axes = plt.subplots(n_layer, len(per_length), squeeze=False,
+    # constrained: each panel's title clears the lag label of the panel above
+    fig, axes = plt.subplots(n_layer, len(per_length), squeeze=False, layout="constrained",
                              figsize=(5 * len(per_length), 3.2 * n_layer))
     starts = [lo for lo, _ in summary["lag_bins"]]
     for col, point in enumerate(per_length):

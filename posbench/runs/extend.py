@@ -31,7 +31,7 @@ from posbench import evaluations
 from posbench.config import TRAIN_ROPE_SCALINGS
 from posbench.core.errors import require
 from posbench.core.io import write_text
-from posbench.core.plots import pyplot, save_figure
+from posbench.core.plots import plain_log_y, pyplot, save_figure
 from posbench.runs.results import RESULTS
 
 SCALE = 4  # default longer length: 4 L (PI extends LLaMA from 2048 to 8192 tokens, s = 4)
@@ -142,10 +142,10 @@ class StepCurve:
                           if r["length"] == length and r[key] is not None]
                 if points:
                     ax.plot(*zip(*points), "o-", markersize=3, label=f"{length}")
-            ax.set_xlabel("fine-tuning step")
+            step_axis(ax)
             ax.set_ylabel(label)
             if key == "ppl":
-                ax.set_yscale("log")
+                plain_log_y(ax)
             ax.grid(True, alpha=0.3)
             ax.legend(title="length", fontsize=8)
         t = self.cfg.train
@@ -155,6 +155,14 @@ class StepCurve:
                      + (f", PoSE windows of {t.seq_len}" if t.get("pose_span") else "") + ")",
                      fontsize=10)
         save_figure(plt, fig, self.plot_path)
+
+
+def step_axis(ax) -> None:
+    """The x axis of fine-tuning steps, ticked at whole steps only."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("fine-tuning step")
 
 
 def read_curve(path: Path) -> List[dict]:
@@ -183,9 +191,9 @@ def plot_sweep(runs: List[dict], labels: dict, path: Path) -> bool:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, length, points in curves:
         ax.plot(*zip(*points), "o-", markersize=3, label=f"{label} (at {length})")
-    ax.set_xlabel("fine-tuning step")
+    step_axis(ax)
     ax.set_ylabel("perplexity at the run's training length")
-    ax.set_yscale("log")
+    plain_log_y(ax)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside: labels are long
     save_figure(plt, fig, path)
