@@ -189,3 +189,28 @@ def test_impossible_requests_are_refused_in_one_line(tmp_path, toy, monkeypatch,
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and refusal in lines[0], proc.stderr
     assert not (tmp_path / "run" / "results.json").exists()
+
+
+def test_a_retrieval_rescore_prints_and_reports_retrieval_not_a_copied_perplexity(tmp_path, toy):
+    posbench_cli("train", *toy, "hydra.run.dir=run", cwd=tmp_path)
+    asked = ["eval.retrieval.enabled=true", "eval.retrieval.trials=1",
+             "eval.retrieval.key_tokens=4", "eval.retrieval.lengths=[64]",
+             "eval.retrieval.depths=[0.5]"]
+    proc = posbench_cli("eval", "run", *asked, cwd=tmp_path)
+    (path,) = (tmp_path / "run").glob("results.eval-*.json")
+    record = json.loads(path.read_text())
+    label = f"rope ({record['rescore']['label']})"
+    bits = record["eval"]["retrieval"]["by_length"][0]["bits_saved"]
+    # its final table: the retrieval tables a sweep's report prints
+    assert "Passkey retrieval: bits saved per key token by length" in proc.stdout
+    assert f"| {label} | {bits:.3f} |" in proc.stdout
+
+    posbench_cli("report", "run", cwd=tmp_path)
+    summary = (tmp_path / "run" / "summary.md").read_text()
+    assert f"| {label} | {bits:.3f} |" in summary  # a retrieval row
+    assert "1 runs, 1 re-scores" in summary
+    ppl_table = summary.split("\n\n")[2]
+    assert ppl_table.startswith("| group |") and label not in ppl_table
+    # no perplexity group of its own: not in the csv (nor, so, the perplexity plot)
+    assert {row.split(",")[0] for row in
+            (tmp_path / "run" / "summary.csv").read_text().splitlines()[1:]} == {"rope"}

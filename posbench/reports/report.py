@@ -4,8 +4,10 @@ Runs are grouped by encoding and by every config key that differs between them (
 except the seed: seeds of one group are averaged, with a 95% Student-t interval of the mean, and
 a second run with a seed its group already has is a repeat, counted once. Each re-score
 (results.eval-*.json) is a group of its own, labelled by what it changed and drawn over the
-curve it re-scored. Task datasets add exact-match accuracy. Runs that failed, were interrupted,
-were refused at their start or left no results.json are listed. docs/design.md, "The report".
+curve it re-scored; one that changed only eval.retrieval.* keys adds retrieval rows alone (its
+perplexity copies its original's). Task datasets add exact-match accuracy. Runs that failed,
+were interrupted, were refused at their start or left no results.json are listed.
+docs/design.md, "The report".
 """
 from __future__ import annotations
 
@@ -137,31 +139,49 @@ def rescore_change(record: dict, original: Optional[dict]) -> str:
     return change_label(eval_changes(original["config"], record["config"]))
 
 
-def groups_of(runs: List[dict]) -> Tuple[Dict[str, List[dict]], Dict[str, str], List[str]]:
-    """label -> its runs; re-score label -> its original's label; and a line per run left out
-    because it repeats another of its group (the same config and seed: not a second seed)."""
+def retrieval_only(record: dict, original: Optional[dict]) -> bool:
+    """Whether a re-score changed eval.retrieval.* keys alone: its perplexity then copies its
+    original's, and only its retrieval scores are new."""
+    changes = record.get("rescore", {}).get("changes")
+    if changes is None and original is not None:  # written before changes were recorded
+        changes = eval_changes(original["config"], record["config"])
+    return bool(changes) and all(key.startswith("eval.retrieval.") for key in changes)
+
+
+def groups_of(runs: List[dict]) -> Tuple[Dict[str, List[dict]], Dict[str, List[dict]],
+                                         Dict[str, str], List[str]]:
+    """label -> its runs (perplexity groups); label -> the re-scores of retrieval alone, which
+    are retrieval rows of their original's group; re-score label -> its original's label; and a
+    line per run left out because it repeats another of its group (the same config and seed:
+    not a second seed)."""
     originals = [r for r in runs if r["_file"] == RESULTS]
     labels = group_label(originals)
     label_of = {r["_dir"]: labels[i] for i, r in enumerate(originals)}
     by_dir = {r["_dir"]: r for r in originals}
     groups: Dict[str, List[dict]] = defaultdict(list)
+    retrieval_rows: Dict[str, List[dict]] = defaultdict(list)
     base_of: Dict[str, str] = {}
     repeats = []
     for record in originals + [r for r in runs if r["_file"] != RESULTS]:
+        into = groups
         if record["_file"] == RESULTS:
             label = label_of[record["_dir"]]
         else:
+            original = by_dir.get(record["_dir"])
             base = label_of.get(record["_dir"], record["encoding"])
-            label = f"{base} ({rescore_change(record, by_dir.get(record['_dir']))})"
-            base_of[label] = base
-        same = next((r for r in groups[label] if r.get("seed") == record.get("seed")), None)
+            label = f"{base} ({rescore_change(record, original)})"
+            if retrieval_only(record, original):
+                into = retrieval_rows
+            else:
+                base_of[label] = base
+        same = next((r for r in into[label] if r.get("seed") == record.get("seed")), None)
         if same is None:
-            groups[label].append(record)
+            into[label].append(record)
         else:
             repeats.append(f"- {record['_dir']}/{record['_file']} repeats "
                            f"{same['_dir']}/{same['_file']} (same config and seed "
                            f"{record.get('seed')}): counted once")
-    return dict(groups), base_of, repeats
+    return dict(groups), dict(retrieval_rows), base_of, repeats
 
 
 def aggregate(groups: Dict[str, List[dict]], metric: str = "ppl") -> Dict[str, Dict[int, dict]]:
@@ -248,7 +268,7 @@ def write_report(root: Path) -> Dict[str, dict]:
     if not any(r["_file"] == RESULTS for r in ok):
         raise ConfigError(f"report dir {str(root)!r} is not accepted: it holds no finished run "
                           f"({RESULTS} with status ok); expected a run or sweep folder")
-    groups, base_of, repeats = groups_of(ok)
+    groups, retrieval_rows, base_of, repeats = groups_of(ok)
     tables = {m: aggregate(groups, m) for m in METRICS}
     tables = {m: t for m, t in tables.items() if t}
     train_of = {label: members[0]["train"]["seq_len"] for label, members in groups.items()}
@@ -313,7 +333,8 @@ def write_report(root: Path) -> Dict[str, dict]:
     if "accuracy" in tables:
         lines += ["", f"Exact-match accuracy by evaluation length{band}.", ""]
         lines += _markdown_table(tables["accuracy"], 3)
-    grouped = [(label, run) for label, members in groups.items() for run in members]
+    every_group = {**groups, **retrieval_rows}
+    grouped = [(label, run) for label, members in every_group.items() for run in members]
     members, member_labels = [run for _, run in grouped], dict(enumerate(l for l, _ in grouped))
     lines += retrieval.report_lines(members, member_labels)
     lines += ["", "Training throughput (mean over seeds):", "",
@@ -348,7 +369,7 @@ def write_report(root: Path) -> Dict[str, dict]:
         plots.append("retrieval_grid.png")
     if plot_sweep(members, member_labels, root / "eval_vs_step.png"):
         plots.append("eval_vs_step.png")
-    write_html(root, lines, plots, groups, ok + failed)
+    write_html(root, lines, plots, every_group, ok + failed)
     print("\n".join(lines))
     print(f"\nwrote {root / 'summary.md'}, summary.csv, {PAGE}, " + ", ".join(plots))
     return {label: {"train_length": train_of[label],

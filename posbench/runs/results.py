@@ -13,6 +13,7 @@ from posbench.encodings.rope import remap_record
 from posbench.core.io import write_json, write_text
 from posbench.core.parity import ppl_at
 from posbench import evaluations
+from posbench.evaluations import retrieval
 from posbench.evaluations.perplexity import ppl_effective_length, protocol_of
 from posbench.core.plots import plot_curves, plot_per_position
 from posbench.core.version import __version__
@@ -184,3 +185,6 @@ def print_curve(record: dict) -> None:
             print(f"{p['length']:>8} {p['loss']:>8.4f} {p['ppl']:>9.3f}{exact}{mark}")
         else:
             print(f"{p['length']:>8} {p['status']:>8}")
+    if record["eval"].get("retrieval"):  # the tables a sweep's report prints, for this run
+        label = record["encoding"] + (f" ({changed})" if changed else "")
+        print("\n".join(retrieval.report_lines([record], {0: label})))
