@@ -361,6 +361,24 @@ def compose_run(run_dir: Path) -> Callable:
     return composed
 
 
+def compose_extension(parent: Path) -> Callable:
+    """A compose function for precheck: the config of an extension of `parent`
+    (posbench/runs/extend.py) from its saved config and the overrides, checked as its job checks
+    it, so that a refused extension is refused before Hydra creates its run dir."""
+    from posbench.runs.extend import extension_config
+    from posbench.runs.run import finished_results
+
+    composed, trained = compose_run(parent), finished_results(parent)["config"]
+
+    def extension(overrides: list) -> DictConfig:
+        given = [override.partition("=")[0].lstrip("+~") for override in overrides]
+        cfg = extension_config(composed(overrides), parent, trained, given)
+        check(cfg)
+        return cfg
+
+    return extension
+
+
 def hydra_argv(args: list, added: list) -> list:
     """`args` with the overrides `added` beside its own: Hydra's parser takes overrides as one
     run of arguments, which flags (-m, --cfg job) may precede or follow."""
@@ -510,7 +528,7 @@ def extend_runs(rest: list) -> None:
     parent = run_dir_arg("extend", rest, "posbench extend RUN_DIR [overrides]")
     encoding = finished_results(parent)["encoding"]
     overrides = eval_overrides(rest[1:], "extend", ("train.", "eval."))
-    swept = precheck(overrides, compose_run(parent))
+    swept = precheck(overrides, compose_extension(parent))
     given = {arg.partition("=")[0].lstrip("+~") for arg in overrides}
     defaults = {"hydra.run.dir": f"outputs/${{now:%Y-%m-%d}}/${{now:%H-%M-%S}}_{encoding}_extend",
                 "hydra.sweep.dir": "outputs/multirun/${now:%Y-%m-%d}/${now:%H-%M-%S}",

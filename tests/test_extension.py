@@ -18,7 +18,7 @@ from posbench.encodings import Dims
 from posbench.encodings.rope import RoPE, yarn_inv_freq
 from posbench.core.errors import ConfigError
 from posbench.runs.extend import extension_config, pose_positions
-from helpers import results, run_in_process
+from helpers import posbench_cli, results, run_in_process
 
 TOY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.batch_size=2",
        "train.seq_len=32", "train.warmup_steps=1", "eval.lengths=[32,64]", "eval.tokens=256",
@@ -177,6 +177,15 @@ def test_refused_in_one_line_with_nothing_written(parent, extra, words, monkeypa
     proc = run_in_process(["extend", str(parent), *extra], monkeypatch, capsys)
     assert proc.returncode == 2 and words in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and files(parent) == before
+
+
+@pytest.mark.parametrize("extra", [["train.seq_len=16"], ["train.lr=-1"],
+                                   ["-m", "train.rope_scaling=none,bogus"]])
+def test_a_refused_extension_creates_no_folder(parent, extra, tmp_path):
+    # Hydra makes outputs/<date>/... before the job starts: the refusal must come first
+    proc = posbench_cli("extend", str(parent), *extra, cwd=tmp_path, ok=False)
+    assert proc.returncode == 2 and "is not accepted" in proc.stderr, proc.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_an_unfinished_parent_and_a_scaling_the_encoding_lacks_are_refused(parent, tmp_path,
