@@ -4,6 +4,7 @@ the parent, its lineage, sweeps, an exact resume, and one-line refusals."""
 import csv
 import json
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -177,6 +178,27 @@ def test_refused_in_one_line_with_nothing_written(parent, extra, words, monkeypa
     proc = run_in_process(["extend", str(parent), *extra], monkeypatch, capsys)
     assert proc.returncode == 2 and words in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and files(parent) == before
+
+
+def test_each_step_is_evaluated_once_named_and_outside_the_training_time(
+        parent, tmp_path, monkeypatch, capsys):
+    scored, run = [], evaluations.run
+
+    def slow_run(*args):  # an evaluation far slower than the toy's training
+        scored.append(1)
+        time.sleep(1.0)
+        return run(*args)
+
+    monkeypatch.setattr(evaluations, "run", slow_run)
+    proc = run_in_process(["extend", str(parent), *EXTEND, f"hydra.run.dir={tmp_path / 'ext'}"],
+                          monkeypatch, capsys)
+    assert proc.returncode == 0, proc.stderr
+    assert len(scored) == 3  # steps 0, 2 and 4; the final evaluation reuses step 4's
+    evals = [line for line in proc.stderr.splitlines() if line.startswith("eval")]
+    assert [line.split(":")[0] for line in evals] == [
+        f"eval at step {s}/4" for s in (0, 2, 4) for _ in (32, 64, 128)]
+    assert proc.stdout.count("<- train length") == 1
+    assert results(tmp_path / "ext")["train"]["wall_seconds"] < 1.0
 
 
 @pytest.mark.parametrize("extra", [["train.seq_len=16"], ["train.lr=-1"],

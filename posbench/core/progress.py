@@ -5,9 +5,24 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Optional
+from contextlib import contextmanager
+from typing import List, Optional
 
 from tqdm import tqdm
+
+
+_during: List[str] = []  # what the bars opened now belong to (`during`)
+
+
+@contextmanager
+def during(where: str):
+    """Bars opened inside name `where` after their own desc (`eval at step 4/20: ...`), so that
+    an evaluation in the middle of training says which step it scores."""
+    _during.append(where)
+    try:
+        yield
+    finally:
+        _during.pop()
 
 
 class Bar:
@@ -15,6 +30,7 @@ class Bar:
     (called after at least one update)."""
 
     def __init__(self, desc: str, total: int, unit: str, initial: int = 0, enabled: bool = True):
+        desc = f"{desc} at {_during[-1]}" if _during else desc
         self.desc, self.total, self.unit, self.initial = desc, total, unit, initial
         self.n, self.enabled = initial, enabled
         self.stream = sys.stderr  # tqdm's stream

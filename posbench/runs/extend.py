@@ -32,6 +32,7 @@ from posbench.config import TRAIN_ROPE_SCALINGS
 from posbench.core.errors import require
 from posbench.core.io import write_text
 from posbench.core.plots import plain_log_y, pyplot, save_figure
+from posbench.core.progress import during
 from posbench.runs.results import RESULTS
 
 SCALE = 4  # default longer length: 4 L (PI extends LLaMA from 2048 to 8192 tokens, s = 4)
@@ -116,10 +117,11 @@ class StepCurve:
                     if line.endswith("\n") and int(line.split(",", 1)[0]) <= first]
         write_text(self.path, ",".join(COLUMNS) + "\n" + "".join(kept))
 
-    def score(self, step: int, model) -> None:
-        """Appends the rows of `step`: the run's planned evaluations, as they score it at the
-        end (the model is left in eval mode)."""
-        scores = evaluations.run(self.start.evaluations, model, self.start.device)
+    def score(self, step: int, model) -> dict:
+        """Appends the rows of `step` and returns its scores: the run's planned evaluations, as
+        they score it at the end (the model is left in eval mode)."""
+        with during(f"step {step}/{self.cfg.train.steps}"):
+            scores = evaluations.run(self.start.evaluations, model, self.start.device)
         found = {p["length"]: p for p in (scores.get("retrieval") or {}).get("by_length", [])}
         with open(self.path, "a", newline="") as f:
             writer = csv.writer(f)
@@ -127,6 +129,7 @@ class StepCurve:
                 cells = {**point, **found.get(point["length"], {})}
                 writer.writerow([step] + [repr(cells[k]) if k in cells else ""
                                           for k in COLUMNS[1:]])
+        return scores
 
     def close(self) -> None:
         """eval_vs_step.png: perplexity by step, one curve per length (retrieval beside it)."""

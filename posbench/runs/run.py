@@ -302,10 +302,10 @@ def run_started(cfg: DictConfig, run_dir: Path, group: str, name: str, start: St
     if start.checkpoint:
         progress.first = progress.step = progress.saved_step = start.checkpoint.step
     try:
-        summary = fit(cfg, start, run_dir, logger, progress)
+        summary, scores = fit(cfg, start, run_dir, logger, progress)
         if not main:
             return None
-        scores = evaluations.run(start.evaluations, start.model, start.device)
+        scores = scores or evaluations.run(start.evaluations, start.model, start.device)
         record = results_record(cfg, start.model, start.data, scores["curve"], train=summary,
                                 sections=scores)
         write_results(run_dir, record)

@@ -11,7 +11,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from omegaconf import DictConfig
@@ -131,9 +131,11 @@ def prepare_training(model, t) -> None:
     model.train()
 
 
-def fit(cfg: DictConfig, start, run_dir: Path, logger, progress: Progress) -> dict:
+def fit(cfg: DictConfig, start, run_dir: Path, logger,
+        progress: Progress) -> Tuple[dict, Optional[dict]]:
     """Trains a planned start (posbench/runs/run.py: Start) from its step to train.steps; returns
-    the `train` part of results.json."""
+    the `train` part of results.json and, when train.eval_every scored the last step, its
+    scores (the final evaluation's, which need not run again)."""
     t, device, model, data = cfg.train, start.device, start.model, start.data
     main = distributed.is_main()
     allow_tf32(device)
@@ -152,7 +154,12 @@ def fit(cfg: DictConfig, start, run_dir: Path, logger, progress: Progress) -> di
     curve = curve_for(cfg, start, run_dir, progress.first) if main else None
     if curve is not None and progress.first == 0:
         curve.score(0, model)
-    session = time.perf_counter()
+    final = None
+    session, evaluating = time.perf_counter(), 0.0
+
+    def trained_for() -> float:  # this session's training seconds, its evaluations left out
+        return time.perf_counter() - session - evaluating
+
     prepare_training(model, t)
     for step in range(progress.first, t.steps):
         x, y = (distributed.shard(z).to(device, non_blocking=True) for z in
@@ -170,23 +177,27 @@ def fit(cfg: DictConfig, start, run_dir: Path, logger, progress: Progress) -> di
         if device.type == "cpu" or closes or saves:
             window.check(done, progress)
         loss = window.close() if closes else None
-        log.row(done, model, loss, lr)
+        log.row(done, model, loss, lr, trained_for())
         if curve is not None and done % t.eval_every == 0:
-            curve.score(done, model)
+            began = time.perf_counter()
+            scores = curve.score(done, model)
+            if done == t.steps:  # what the final evaluation would score again
+                final = scores
             prepare_training(model, t)
+            evaluating += time.perf_counter() - began
         if saves and main:
             save(run_dir / CHECKPOINT, cfg, start, optimizer, window, progress,
-                 seconds + time.perf_counter() - session, done)
+                 seconds + trained_for(), done)
             progress.saved_step = done
         progress.step = done
     log.close()
     if curve is not None:
         curve.close()
-    wall = seconds + time.perf_counter() - session
+    wall = seconds + trained_for()
     tokens = t.batch_size * t.seq_len * t.steps
     return {"seq_len": t.seq_len, "steps": t.steps, "tokens": tokens,
             "final_loss": window.final_loss, "tokens_per_second": tokens / wall,
-            "wall_seconds": wall, "resumed_from_step": progress.first}
+            "wall_seconds": wall, "resumed_from_step": progress.first}, final
 
 
 def save(path: Path, cfg: DictConfig, start, optimizer, window: LossWindow, progress: Progress,
@@ -210,18 +221,17 @@ class TrainingLog:
                                       training_options(t))
                            if main and t.val_every else None)
         self.bar = Bar(f"train {cfg.encoding.name}", t.steps, "step", initial=first, enabled=main)
-        self.session = time.perf_counter()
 
     def step(self) -> None:
         self.bar.update()
 
-    def row(self, done: int, model, loss: Optional[float], lr: float) -> None:
-        """A row when a log window closed (its mean `loss`) or validation is due."""
+    def row(self, done: int, model, loss: Optional[float], lr: float, seconds: float) -> None:
+        """A row when a log window closed (its mean `loss`) or validation is due; `seconds`:
+        this session's training time so far."""
         t = self.cfg.train
         row = {}
         if loss is not None:
-            tps = t.batch_size * t.seq_len * (done - self.first) / (time.perf_counter()
-                                                                    - self.session)
+            tps = t.batch_size * t.seq_len * (done - self.first) / seconds
             row = {"loss": loss, "lr": lr, "tokens_per_second": tps}
         if self.validation is not None and done % t.val_every == 0:
             row["val_loss"] = self.validation(model)
