@@ -9,7 +9,7 @@ import yaml
 
 import posbench
 from posbench.encodings import registry
-from helpers import posbench_cli, results
+from helpers import posbench_cli, results, run_in_process
 
 
 def check_results_schema(record):
@@ -143,7 +143,6 @@ def test_a_run_whose_hydra_files_cannot_be_written_frees_its_run_dir(tmp_path, t
     import errno
 
     import posbench.cli
-    from helpers import run_in_process
 
     def full_disk(run_dir, cfg):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -155,10 +154,11 @@ def test_a_run_whose_hydra_files_cannot_be_written_frees_its_run_dir(tmp_path, t
     assert not (tmp_path / "run" / "run.lock").exists()  # released: a next start may take it
 
 
-def test_typos_in_eval_are_one_line_with_a_did_you_mean(tmp_path, toy):
+def test_typos_in_eval_are_one_line_with_a_did_you_mean(tmp_path, toy, monkeypatch, capsys):
     """`posbench eval` composes a run's saved config, which Hydra holds no schema for: a
     misspelt key got Hydra's advice to add it with `+`, a misspelt choice a Python tuple."""
     posbench_cli("train", *toy, "hydra.run.dir=run", cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
     before = sorted(p for p in tmp_path.rglob("*"))
     for arg, line in [
             ("eval.lenghts=[128]", "eval.lenghts is not a config key (did you mean 'lengths'?); "
@@ -171,10 +171,10 @@ def test_typos_in_eval_are_one_line_with_a_did_you_mean(tmp_path, toy):
             ("eval.rope_scaling=yarnn", "eval.rope_scaling='yarnn' is not accepted; expected one "
              "of: none, pi, ntk, dynamic_ntk, yarn, rerope, self_extend, shifted_rope (did you "
              "mean 'yarn'?)")]:
-        proc = posbench_cli("eval", "run", arg, cwd=tmp_path, ok=False)
+        proc = run_in_process(["eval", "run", arg], monkeypatch, capsys)
         assert (proc.returncode, proc.stderr) == (2, f"posbench: error: {line}\n")
     assert sorted(p for p in tmp_path.rglob("*")) == before
-    proc = posbench_cli("train", "train.rope_scaling=yarnn", cwd=tmp_path, ok=False)
+    proc = run_in_process(["train", "train.rope_scaling=yarnn"], monkeypatch, capsys)
     assert proc.returncode == 2 and "(did you mean 'yarn'?)" in proc.stderr
 
 
@@ -190,9 +190,10 @@ def test_eval_lengths_none_past_the_training_length_are_named_before_training(tm
                                                     cwd=tmp_path).stdout
 
 
-def test_help_version_and_the_key_a_refusal_names(tmp_path, toy):
+def test_help_version_and_the_key_a_refusal_names(tmp_path, toy, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
     for verb in ("report", "inspect", "extend"):
-        proc = posbench_cli(verb, "--help", cwd=tmp_path)
+        proc = run_in_process([verb, "--help"], monkeypatch, capsys)
         assert proc.stdout.startswith(f"usage: posbench {verb} ") and proc.stderr == ""
     assert posbench_cli("--version", cwd=tmp_path).stdout == f"posbench {posbench.__version__}\n"
     with pytest.raises(posbench.ConfigError, match="nosuch' does not exist"):
