@@ -47,7 +47,7 @@ USAGE = """usage: posbench <verb> [args]
   inspect RUN_DIR [--lengths L1,L2]
                              plots that explain a run (learned positions' PCA, attention mass by
                              lag per head) into RUN_DIR; lengths default to train length and 4x
-  report DIR                 table + ppl_vs_length.png over every run below DIR
+  report DIR                 table, ppl_vs_length.png, report.html over every run below DIR
   reproduce --list | NAME [overrides] [--dry-run] | NAME --report DIR
                              a published result re-run as a sweep (outputs/reproduce/NAME) and
                              judged claim by claim beside the paper's numbers (docs/reproduce.md)
