@@ -1,31 +1,25 @@
 """ALiBi Table 2 reduced for a CPU: the same four encodings and claims at posbench's default CPU
 setting (tiny model, byte-level pystdlib, L = 128, lengths L..16L), with tolerances for that
 scale (docs/results.md, "The default study")."""
-from posbench.reproduce.alibi_table2 import ENCODINGS, PUBLISHED, SOURCE, claims
-from posbench.reproduce.base import Reproduction, Sweep, register
+from posbench.reproduce.alibi_table2 import ENCODINGS, AlibiTable2, claims
+from posbench.reproduce.base import Sweep, register
 
 
 @register("alibi_table2_cpu", "ALiBi Table 2 reduced: tiny model, pystdlib, L = 128 (CPU)")
-class AlibiTable2Cpu(Reproduction):
-    paper = "Press, Smith & Lewis 2022, Train Short, Test Long (ALiBi), arXiv 2108.12409"
-    where = "Appendix Table 2"
+class AlibiTable2Cpu(AlibiTable2):  # the paper, its numbers and its claims; scaled down
     setting = ("tiny model (0.8M), byte-level pystdlib, trained at L=128 for 2000 steps of 16, "
                "nonoverlapping eval at 128..2048 (L..16L)")
     device = "cpu"
+    reduced = None
     reduction = ("the model (0.8M parameters against the paper's 247M), the corpus (the Python "
                  "standard library as bytes against WikiText-103 words), the budget (4.1M "
                  "training tokens) and L (128 against 512); lengths reach 16L, so the paper's "
                  "15512 (30L) has no counterpart; absolute perplexities are not comparable")
-    axis = "length"
-    paper_train_length = 512
     sweep = Sweep(overrides=(
         "encoding=" + ",".join(ENCODINGS), "model=tiny", "dataset=pystdlib", "train.seq_len=128",
         "train.steps=2000", "train.batch_size=16", "eval.lengths=[128,256,512,1024,2048]",
         "eval.protocol=nonoverlapping", "device=cpu", "hydra/launcher=joblib",
         "hydra.launcher.n_jobs=2"))
-    groups = ENCODINGS
-    published = PUBLISHED
-    source = SOURCE
     claims = claims(
         0.15, "posbench's parity tolerance (posbench/core/parity.py): at this budget sinusoidal "
         "ends 12.8% ± 1.0% behind T5 at L over 3 seeds (docs/results.md), the absolute encodings "
