@@ -131,9 +131,10 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path, args, needle):
 def test_finished_run_dir_is_never_overwritten(tmp_path, toy):
     posbench_cli("train", *toy, "hydra.run.dir=run", cwd=tmp_path)
     before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
-    proc = posbench_cli("train", *toy, "encoding=alibi", "hydra.run.dir=run", cwd=tmp_path,
-                        ok=False)
+    proc = posbench_cli("train", *toy, "encoding=alibi", "train.warmup_steps=2",
+                        "hydra.run.dir=run", cwd=tmp_path, ok=False)
     assert proc.returncode != 0 and "already holds results.json" in proc.stderr
+    assert "train.warmup_steps" in proc.stderr.split("(also ")[1]  # every differing key named
     after = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
     assert before == after
 

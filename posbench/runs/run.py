@@ -94,7 +94,8 @@ def require_same_run(cfg: DictConfig, saved: dict, path: Path) -> None:
     changes = config_changes(saved, cfg)
     if changes:
         key, old, new = changes[0]
-        more = f" (and {len(changes) - 1} more keys)" if len(changes) > 1 else ""
+        others = [k for k, _, _ in changes[1:]]
+        more = f" (also {', '.join(others)})" if others else ""
         raise ConfigError(f"{key}={new!r} is not accepted: run dir {str(path.parent)!r} already "
                           f"holds {path.name} of a run with {key}={old!r}{more}; expected that "
                           "config (only eval.* and logger.* may differ) or a new run dir "
