@@ -32,6 +32,15 @@ def runs(tmp_path_factory):
     return dirs
 
 
+def check_names_written(stdout, run_dir, names):
+    """The last line names every file inspect wrote, by its path, and each exists."""
+    last = stdout.strip().splitlines()[-1]
+    assert last.startswith("wrote ")
+    named = last[len("wrote "):].split(", ")
+    assert named == [str(run_dir / n) for n in names]
+    assert all((run_dir / n).is_file() for n in names)
+
+
 def check_attention(record, train_len=32):
     lengths = record["attention"]["lengths"]
     assert [p["length"] for p in lengths] == [train_len, 4 * train_len]
@@ -66,6 +75,8 @@ def test_learned_run_gets_both_plots_and_leaves_results_alone(runs, monkeypatch,
     assert positions["rows"] == 128 and len(positions["pcs"][0]) == 3
     assert positions["cos_by_offset"][0] == pytest.approx(1, abs=1e-5)  # cos(P[t], P[t])
     assert before == {n: (run_dir / n).read_bytes() for n in before}
+    check_names_written(proc.stdout, run_dir, ["inspect_positions.png", "inspect_attention.png",
+                                               "inspect_by_length.png", "inspect.json"])
 
 
 def test_encoding_without_table_skips_positions_with_a_note(runs, monkeypatch, capsys):
@@ -78,6 +89,8 @@ def test_encoding_without_table_skips_positions_with_a_note(runs, monkeypatch, c
     record = json.loads((run_dir / "inspect.json").read_text())
     assert record["positions"] is None
     check_attention(record)
+    check_names_written(proc.stdout, run_dir, ["inspect_attention.png", "inspect_by_length.png",
+                                               "inspect.json"])
 
 
 @pytest.mark.parametrize("args", [["inspect"], ["inspect", "no/such/run"],

@@ -44,11 +44,13 @@ def inspect_run(run_dir: Path, lengths: Optional[List[int]] = None) -> dict:
     trained.require_corpus(data)
     model = trained.model.to(resolve_device(cfg.device))
     record = {"encoding": cfg.encoding.name, "train_len": train_len, "windows": WINDOWS}
+    written: List[Path] = []  # every file this inspect writes, printed at the end
     weights = model.state_dict()
     if TABLE in weights:
         table = weights[TABLE].float().cpu()
         record["positions"] = position_summary(table, train_len)
         plot_positions(table, train_len, record["positions"], run_dir / "inspect_positions.png")
+        written.append(run_dir / "inspect_positions.png")
     else:
         record["positions"] = None
         print(f"inspect: encoding={cfg.encoding.name} has no learned position table; "
@@ -57,7 +59,9 @@ def inspect_run(run_dir: Path, lengths: Optional[List[int]] = None) -> dict:
     plot_attention(record["attention"], train_len, run_dir / "inspect_attention.png")
     plot_by_length(record["attention"], train_len, run_dir / "inspect_by_length.png")
     write_json(run_dir / "inspect.json", record)
-    print(f"wrote {run_dir / 'inspect.json'} and its plots")
+    written += [run_dir / "inspect_attention.png", run_dir / "inspect_by_length.png",
+                run_dir / "inspect.json"]
+    print("wrote " + ", ".join(str(path) for path in written))
     return record
 
 
