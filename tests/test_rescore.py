@@ -167,6 +167,31 @@ def test_a_rescore_scores_passkey_retrieval_when_asked(sweep, monkeypatch, capsy
             ).stat().st_size > 0
 
 
+def test_every_file_of_a_rescore_changing_long_keys_stays_within_100_characters(
+        sweep, monkeypatch, capsys):
+    _, _, rope, *_ = sweep
+    asked = ["eval.retrieval.enabled=true", "eval.retrieval.trials=1",
+             "eval.retrieval.key_tokens=4", "eval.retrieval.lengths=[64]",
+             "eval.retrieval.depths=[0.25,0.75]", "eval.rope_scaling=yarn"]
+    before = set(rope.iterdir())
+    proc = run_in_process(["eval", str(rope), *asked], monkeypatch, capsys)
+    assert proc.returncode == 0, proc.stderr
+    written = set(rope.iterdir()) - before
+    assert any(p.name.startswith("results.eval-") for p in written)
+    assert any(p.name.startswith("retrieval_heatmap.eval-") for p in written)
+    assert all(len(p.name) <= 100 for p in written), sorted(p.name for p in written)
+    # the longest names a re-score writes, and different long changes keep different names
+    changes = [{f"eval.retrieval.{key}": value for key in ("trials", "key_tokens", "depths",
+                                                           "lengths", "filler_tokens")}
+               for value in ("1" * 30, "2" * 30)]
+    tags = [change_tag(c) for c in changes]
+    assert tags[0] != tags[1]
+    for tag in tags:
+        for name in (f"accuracy_vs_length.eval-{tag}.png", f"results.eval-{tag}.json",
+                     f"retrieval_heatmap.eval-{tag}.png", f"per_position.eval-{tag}.csv"):
+            assert len(name) <= 100, name
+
+
 def test_a_distance_remap_rescores_rope_and_skips_what_it_does_not_apply_to(sweep, monkeypatch,
                                                                            capsys):
     root, folder, rope, alibi, _, _ = sweep

@@ -41,13 +41,13 @@ def short_value(value: str) -> str:
     return f"{piece}-{_digest(value)}" if piece else _digest(value)
 
 
-def summary(pairs: Iterable[Tuple[str, str]]) -> str:
-    """`<key>-<value>_...` in safe characters, at most NAME_CHARS long (a longer one keeps its
-    start and a hash of the whole); also the tag that names a re-score
-    (posbench/runs/rescore.py)."""
-    text = "_".join(f"{_safe(key, NAME_CHARS)}-{short_value(value)}" for key, value in pairs)
-    if len(text) > NAME_CHARS:
-        text = f"{text[:NAME_CHARS - 7].rstrip('-._')}-{_digest(text)}"
+def summary(pairs: Iterable[Tuple[str, str]], limit: int = NAME_CHARS) -> str:
+    """`<key>-<value>_...` in safe characters, at most `limit` long (a longer one keeps its
+    start and a hash of the whole); also the tag that names a re-score, whose files put more
+    around it (posbench/runs/rescore.py passes a smaller limit)."""
+    text = "_".join(f"{_safe(key, limit)}-{short_value(value)}" for key, value in pairs)
+    if len(text) > limit:
+        text = f"{text[:limit - 7].rstrip('-._')}-{_digest(text)}"
     return text
 
 

@@ -15,9 +15,16 @@ from posbench.config import flatten, to_container, with_defaults
 from posbench.core.errors import ConfigError
 from posbench import evaluations
 from posbench.runs.loggers import make_logger, run_group
-from posbench.core.resolvers import summary
+from posbench.core.resolvers import NAME_CHARS, summary
 from posbench.runs.results import load_results, print_curve, results_record, write_results
 from posbench.runs.run import finished_results, prepare_run, trained_model
+
+
+# the longest name of a file a re-score writes (posbench/runs/results.py write_results; the
+# sections' own files, such as retrieval_heatmap.eval-<tag>.png, are shorter): its tag is capped
+# so that every one of its files stays within NAME_CHARS
+LONGEST_FILE = "accuracy_vs_length.eval-{}.png"
+TAG_CHARS = NAME_CHARS - len(LONGEST_FILE.format(""))
 
 
 def override_text(value: Any) -> str:
@@ -46,9 +53,10 @@ def eval_changes(trained: dict, cfg: dict) -> Dict[str, Any]:
 
 
 def change_tag(changes: Dict[str, Any]) -> str:
-    """The short safe name of a re-score: rope_scaling-yarn_lengths-128-4096-1a2b3c."""
-    return summary((key.removeprefix("eval."), override_text(value))
-                   for key, value in changes.items())
+    """The short safe name of a re-score: rope_scaling-yarn_lengths-128-4096-1a2b3c, at most
+    TAG_CHARS long (a longer one keeps its start and a hash of the whole)."""
+    return summary(((key.removeprefix("eval."), override_text(value))
+                    for key, value in changes.items()), limit=TAG_CHARS)
 
 
 def change_label(changes: Dict[str, Any]) -> str:
