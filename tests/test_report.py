@@ -197,3 +197,27 @@ def test_plots_keep_the_legend_outside_with_plain_ticks_for_many_groups(tmp_path
     assert all(t.replace(".", "").isdigit() for t in ticks), ticks
     assert len(ax.get_yticklabels()) >= 3
     assert max(len(line) for line in ax.get_title().splitlines()) <= 70
+
+
+def test_every_table_of_the_summary_lists_the_groups_in_one_order(tmp_path):
+    # folders in an order that is not the labels' (the perplexity table's) order
+    for name, ppl in (("0_rope", 8.0), ("1_alibi", 9.0), ("2_nope", 10.0)):
+        record = run_record(name.split("_")[1], 0, {32: ppl, 64: 2 * ppl},
+                            accuracy=[0.5, 0.25])
+        record["train"].update(tokens_per_second=1000.0, wall_seconds=60.0)
+        write(tmp_path, name, record)
+    write_report(tmp_path)
+    tables, rows = [], None
+    for line in (tmp_path / "summary.md").read_text().splitlines():
+        if line.startswith("| group |") or line.startswith("| encoding |"):
+            rows = []
+            tables.append(rows)
+        elif line.startswith("|---") and rows is not None:
+            continue
+        elif line.startswith("| ") and rows is not None:
+            rows.append(line.split(" | ")[0].removeprefix("| "))
+        else:
+            rows = None
+    assert len(tables) >= 4  # perplexity, accuracy, effective length, throughput
+    assert tables[0] == ["alibi", "nope", "rope"]
+    assert all(table == tables[0] for table in tables), tables

@@ -17,7 +17,7 @@ import io
 import math
 from collections import defaultdict
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from hydra.experimental.callback import Callback
 
@@ -184,10 +184,16 @@ def groups_of(runs: List[dict]) -> Tuple[Dict[str, List[dict]], Dict[str, List[d
     return dict(groups), dict(retrieval_rows), base_of, repeats
 
 
+def in_table_order(by_label: Dict[str, Any]) -> Dict[str, Any]:
+    """summary.md's one order of groups, used by every one of its tables: that of its perplexity
+    table, by label (a re-score, `<label> (<change>)`, right after the group it re-scores)."""
+    return {label: by_label[label] for label in sorted(by_label)}
+
+
 def aggregate(groups: Dict[str, List[dict]], metric: str = "ppl") -> Dict[str, Dict[int, dict]]:
     """label -> length -> {mean, sd, sem, ci95, n} of a curve metric over the group's seeds."""
     table = {}
-    for label, members in sorted(groups.items()):
+    for label, members in in_table_order(groups).items():
         by_length: Dict[int, List[float]] = defaultdict(list)
         for run in members:
             for point in run["eval"]["curve"]:
@@ -333,7 +339,7 @@ def write_report(root: Path) -> Dict[str, dict]:
     if "accuracy" in tables:
         lines += ["", f"Exact-match accuracy by evaluation length{band}.", ""]
         lines += _markdown_table(tables["accuracy"], 3)
-    every_group = {**groups, **retrieval_rows}
+    every_group = in_table_order({**groups, **retrieval_rows})
     grouped = [(label, run) for label, members in every_group.items() for run in members]
     members, member_labels = [run for _, run in grouped], dict(enumerate(l for l, _ in grouped))
     lines += retrieval.report_lines(members, member_labels)
@@ -341,7 +347,7 @@ def write_report(root: Path) -> Dict[str, dict]:
               "| group | tokens/s | wall time (m:s) |", "|---|---:|---:|"]
     lines += [f"| {label} | " + (f"{tps:.0f}" if tps else "—") + " | "
               + (_minutes(wall) if wall else "—") + " |"
-              for label, (tps, wall) in sorted(throughput.items())]
+              for label, (tps, wall) in in_table_order(throughput).items()]
     if repeats:
         lines += ["", "Runs left out of the means, as repeats rather than seeds:", ""] + repeats
     if failed:
