@@ -18,6 +18,7 @@ import posbench.core.resolvers  # noqa: F401  the ${posbench.*} resolvers of con
 from posbench.config import check, register_schemas, register_target_schema
 from posbench.encodings import list_encodings
 from posbench.core.errors import ConfigError
+from posbench.core.resolvers import override_key
 from posbench.model.transformer import build_model
 from posbench.runs.run import Run, load_run
 from posbench.core.version import __version__
@@ -36,7 +37,7 @@ def compose(overrides: Optional[List[str]] = None) -> DictConfig:
     with initialize_config_module(config_module="posbench.conf", version_base=None):
         # without the encoding's own keys, which a user's `_target_` class types only once
         # register_target_schema has imported it
-        chosen = [o for o in overrides if not o.lstrip("+~").startswith("encoding.")]
+        chosen = [o for o in overrides if not override_key(o).startswith("encoding.")]
         register_target_schema(hydra_compose(config_name="config", overrides=chosen,
                                              return_hydra_config=True))
         cfg = hydra_compose(config_name="config", overrides=overrides)

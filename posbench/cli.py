@@ -29,7 +29,7 @@ from posbench.config import check, to_container
 from posbench import config as config_module
 from posbench.core.errors import ConfigError, PosbenchError, did_you_mean, one_line
 from posbench.core.io import write_json, write_text
-from posbench.core.resolvers import SWEPT
+from posbench.core.resolvers import SWEPT, override_key
 from posbench.runs.results import REFUSED, RESULTS, load_results
 
 USAGE = """usage: posbench <verb> [args]
@@ -361,17 +361,17 @@ def compose_run(run_dir: Path) -> Callable:
     return composed
 
 
-def compose_extension(parent: Path) -> Callable:
-    """A compose function for precheck: the config of an extension of `parent`
-    (posbench/runs/extend.py) from its saved config and the overrides, checked as its job checks
-    it, so that a refused extension is refused before Hydra creates its run dir."""
+def compose_extension(parent: Path, trained: dict) -> Callable:
+    """A compose function for precheck: the config of an extension of `parent` (trained with
+    config `trained`; posbench/runs/extend.py) from its saved config and the overrides, checked
+    as its job checks it, so that a refused extension is refused before Hydra creates its run
+    dir."""
     from posbench.runs.extend import extension_config
-    from posbench.runs.run import finished_results
 
-    composed, trained = compose_run(parent), finished_results(parent)["config"]
+    composed = compose_run(parent)
 
     def extension(overrides: list) -> DictConfig:
-        given = [override.partition("=")[0].lstrip("+~") for override in overrides]
+        given = [override_key(override) for override in overrides]
         cfg = extension_config(composed(overrides), parent, trained, given)
         check(cfg)
         return cfg
@@ -508,7 +508,7 @@ def extend_app(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     run_dir, multirun = Path(hc.runtime.output_dir).resolve(), hc.mode == RunMode.MULTIRUN
     parent = Path(hc[EXTEND_PARENT])
-    given = [override.partition("=")[0].lstrip("+~") for override in hc.overrides.task]
+    given = [override_key(override) for override in hc.overrides.task]
     try:
         if run_dir == parent:
             raise ConfigError(f"hydra.run.dir={str(run_dir)!r} is not accepted: it is the run "
@@ -526,10 +526,11 @@ def extend_runs(rest: list) -> None:
     from posbench.runs.run import finished_results
 
     parent = run_dir_arg("extend", rest, "posbench extend RUN_DIR [overrides]")
-    encoding = finished_results(parent)["encoding"]
+    record = finished_results(parent)
+    encoding = record["encoding"]
     overrides = eval_overrides(rest[1:], "extend", ("train.", "eval."))
-    swept = precheck(overrides, compose_extension(parent))
-    given = {arg.partition("=")[0].lstrip("+~") for arg in overrides}
+    swept = precheck(overrides, compose_extension(parent, record["config"]))
+    given = {override_key(arg) for arg in overrides}
     defaults = {"hydra.run.dir": f"outputs/${{now:%Y-%m-%d}}/${{now:%H-%M-%S}}_{encoding}_extend",
                 "hydra.sweep.dir": "outputs/multirun/${now:%Y-%m-%d}/${now:%H-%M-%S}",
                 "hydra.sweep.subdir": "${posbench.job_dir:}"}

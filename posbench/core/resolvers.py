@@ -51,12 +51,16 @@ def summary(pairs: Iterable[Tuple[str, str]], limit: int = NAME_CHARS) -> str:
     return text
 
 
+def override_key(override: str) -> str:
+    """The config key a `key=value` override sets, without Hydra's + and ~ prefixes."""
+    return override.partition("=")[0].lstrip("+~")
+
+
 def job_dir_name(num: int, overrides: Sequence[str], keys: Iterable[str]) -> str:
     """`<num>_<key>-<value>_...` over the overrides (`key=value`) whose key is one of `keys`, in
     their order; `<num>` alone when there is none."""
     keys = {key.lstrip("+~") for key in keys}
-    pairs = [(key.lstrip("+~"), value) for key, _, value in
-             (override.partition("=") for override in overrides)]
+    pairs = [(override_key(override), override.partition("=")[2]) for override in overrides]
     text = summary((key, value) for key, value in pairs if key in keys)
     return f"{num}_{text}" if text else str(num)
 

@@ -3,7 +3,6 @@ judgement), NAME --dry-run (the sweep's cost, nothing run), NAME --report DIR (j
 runs again). Bad input is one line and exit 2, with nothing written."""
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -12,6 +11,7 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 from posbench.core.errors import ConfigError, did_you_mean
+from posbench.core.resolvers import override_key
 from posbench.reproduce.base import registry
 from posbench.reproduce.judge import check_owner, finished_records, judge
 
@@ -37,18 +37,14 @@ def entry_named(name: str):
     return entries[name].cls
 
 
-def key_of(override: str) -> str:
-    return override.partition("=")[0].lstrip("+~")
-
-
 def sweep_overrides(entry, given: List[str]) -> List[str]:
     """The entry's sweep with the command line's overrides: one of the same key replaces the
     entry's, and a config group chosen on the command line (hydra/launcher=basic) drops the
     entry's keys of the group it replaces (hydra.launcher.*)."""
-    keys = {key_of(o) for o in given}
+    keys = {override_key(o) for o in given}
     groups = tuple(k.replace("/", ".") + "." for k in keys if "/" in k)
     kept = [o for o in entry.sweep.overrides
-            if key_of(o) not in keys and not key_of(o).startswith(groups)]
+            if override_key(o) not in keys and not override_key(o).startswith(groups)]
     head = [f"+experiment={entry.sweep.experiment}"] if entry.sweep.experiment else []
     return head + kept + list(given)
 
@@ -106,26 +102,27 @@ def reproduce(rest: List[str]) -> None:
         judge(entry, Path(report))
         return
     needs_device(entry)
-    sweep_dir = next((key_of(o) == SWEEP_DIR and o.partition("=")[2] for o in overrides
-                      if key_of(o) == SWEEP_DIR), None)
+    sweep_dir = next((o.partition("=")[2] for o in overrides if override_key(o) == SWEEP_DIR),
+                     None)
     if not sweep_dir:
         sweep_dir = f"{DEFAULT_ROOT}/{entry.name}"
         overrides = overrides + [f"{SWEEP_DIR}={sweep_dir}"]
     folder = Path(sweep_dir)
     if folder.is_dir():  # resuming: it must hold this entry's runs, if any
         check_owner(entry, folder, finished_records(folder), SWEEP_DIR)
-    argv = [*posbench_command(), "train", "-m", *sweep_overrides(entry, overrides)]
-    shown = "posbench train -m " + " ".join(sweep_overrides(entry, overrides))
+    sweep = sweep_overrides(entry, overrides)
+    argv = [*posbench_command(), "train", "-m", *sweep]
+    shown = "posbench train -m " + " ".join(sweep)
     if dry:
         print(f"posbench reproduce {entry.name} --dry-run: `{shown}`")
-        code = subprocess.call(argv + ["--dry-run"], env=os.environ.copy())
+        code = subprocess.call(argv + ["--dry-run"])
         print(f"declared wall time: {entry.cost}")
         if code:
             sys.exit(code)
         return
     print(f"posbench reproduce {entry.name}: {entry.paper}, {entry.where}")
     print(f"posbench reproduce: `{shown}` (finished runs in {folder} are skipped)", flush=True)
-    code = subprocess.call(argv, env=os.environ.copy())
+    code = subprocess.call(argv)
     if folder.is_dir() and finished_records(folder):
         judge(entry, folder, flag=SWEEP_DIR)
     elif not code:
