@@ -81,12 +81,6 @@ class Reproduction:
                 else size_value(published_x))
 
     @classmethod
-    def paper_measured(cls) -> Measured:
-        """The paper's own numbers as a Measured table (the oracle the tests judge)."""
-        return Measured({g: {cls.x_of(x): v for x, v in row.items() if v is not None}
-                         for g, row in cls.published.items()}, at_paper_scale=True)
-
-    @classmethod
     def measure(cls, records: List[dict]) -> Measured:
         """Finished runs' results.json records -> group -> x -> mean over seeds: perplexity by
         length over the training length (axis length), or at the training length by the model's
@@ -163,7 +157,7 @@ class Reproduction:
         for key in ("paper", "where", "setting", "source", "cost"):
             text = getattr(cls, key, "")
             assert isinstance(text, str) and text.strip(), f"{named}: {key} is empty"
-            if key in ("setting",):
+            if key == "setting":
                 assert "\n" not in text, f"{named}: {key} is one line"
         assert isinstance(cls.sweep, Sweep), f"{named}: sweep is a Sweep"
         assert cls.sweep.experiment or cls.sweep.overrides, f"{named}: sweep runs nothing"
