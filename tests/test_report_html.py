@@ -3,11 +3,9 @@
 is installed, rendered by it headless."""
 import base64
 import html.parser
-import os
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
