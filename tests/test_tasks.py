@@ -31,10 +31,27 @@ def instance(tokens, answers):
 def test_every_task_is_registered_and_keeps_its_fingerprint():
     """The data's name in results.json, which a resume and a re-score compare: the task's name,
     its generator and its parameters, as recorded since the first version of the tasks."""
-    assert TASKS == ["task_addition", "task_copy", "task_induction", "task_recall", "task_reverse"]
+    assert TASKS == ["task_addition", "task_addition_msb", "task_copy", "task_copy_2x",
+                     "task_copy_repeat", "task_copy_repeat_2x", "task_copy_replace",
+                     "task_induction", "task_lego", "task_lego_perm", "task_parity", "task_poly",
+                     "task_recall", "task_reverse", "task_reverse_2x", "task_reverse_copy",
+                     "task_sort_multi", "task_sort_single", "task_sum_mod"]
     spec = {"task_addition": "Addition(symbols=10)", "task_copy": "Copy(symbols=16)",
             "task_induction": "Induction(symbols=16)", "task_recall": "Recall(symbols=16, keys=1024)",
-            "task_reverse": "Reverse(symbols=16)"}
+            "task_reverse": "Reverse(symbols=16)",
+            # Kazemnejad et al.'s tasks (posbench/data/algorithmic.py)
+            "task_addition_msb": "AdditionMSB(symbols=10)", "task_copy_2x": "Copy2x(symbols=101)",
+            "task_copy_repeat": "CopyRepeat(symbols=100)",
+            "task_copy_repeat_2x": "CopyRepeat2x(symbols=100)",
+            "task_copy_replace": "CopyReplace(symbols=100)", "task_lego": "Lego(symbols=29)",
+            "task_lego_perm": "LegoPerm(symbols=29)", "task_parity": "Parity(symbols=7)",
+            "task_poly": "Poly(symbols=13, coefficients=(-3, 3), degrees=(0, 3), points=(-2, 2), "
+                         "modulus=10)",
+            "task_reverse_2x": "Reverse2x(symbols=101)",
+            "task_reverse_copy": "ReverseCopy(symbols=101)",
+            "task_sort_multi": "SortMulti(symbols=13, low=10, high=9999)",
+            "task_sort_single": "SortSingle(symbols=53)",
+            "task_sum_mod": "SumMod(symbols=10, low=1, high=9, modulus=10)"}
     for name in TASKS:
         digest = hashlib.sha256(f"{name},{spec[name]},version=1".encode()).hexdigest()
         assert task_data(name).fingerprint == f"sha256:{digest}"
