@@ -167,3 +167,23 @@ def test_train_on_a_task_writes_accuracy_curves(tmp_path, toy):
     assert "exact" in proc.stdout
     assert prepare(posbench.compose(["dataset=task_copy"]).dataset).fingerprint == \
         record["dataset"]["fingerprint"]
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_task_window_is_the_shortest_length_whose_windows_hold_an_instance_of_a_size(name):
+    """`${posbench.task_window:S}` in a config: the length n (windows of n + 1 tokens) that the
+    task's instances of size S fill, the shortest that holds one."""
+    task = task_data(name).task
+    cfg = OmegaConf.create({"dataset": {"name": name}, "one": "${posbench.task_window:3}",
+                            "many": "${posbench.task_window:[2,3]}"})
+    for size, n in ((3, cfg.one), *zip((2, 3), cfg.many)):
+        assert task.size(n + 1) >= size > task.size(n)
+        seq, _ = task.make(np.random.default_rng(0), size)
+        assert len(seq) <= n + 1
+
+
+def test_task_window_refuses_a_dataset_that_is_not_a_task():
+    cfg = OmegaConf.create({"dataset": {"name": "pystdlib"}, "n": "${posbench.task_window:20}"})
+    with pytest.raises(Exception, match="posbench.task_window is not accepted for "
+                                        "dataset=pystdlib; expected a task dataset"):
+        cfg.n

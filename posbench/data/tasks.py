@@ -20,7 +20,9 @@ import numpy as np
 
 import torch
 
-from posbench.data.base import Dataset, register
+from omegaconf import ListConfig, OmegaConf
+
+from posbench.data.base import Dataset, build_dataset, register
 from posbench.data.windows import IGNORE, EvalPlan
 from posbench.core.errors import ConfigError, require
 
@@ -186,6 +188,34 @@ class Addition(Task):
         digits.append(carry)
         return marked([BOS, a + FIRST, PLUS, b + FIRST, SEP, np.array(digits) + FIRST],
                       2 * size + 3)
+
+
+def window_for(task: Task, size: int) -> int:
+    """The length n whose windows (n + 1 tokens, inputs and targets) hold instances of `size`
+    exactly: the shortest with task.size(n + 1) >= size."""
+    n = 1
+    while task.size(n + 1) < size:
+        n += 1
+        if n > 1 << 20:
+            raise ConfigError(f"posbench.task_window:{size} is not accepted: no window of up to "
+                              f"2^20 tokens holds an instance of that size; expected a smaller "
+                              f"size")
+    return n
+
+
+def _task_window(sizes, *, _root_):
+    """`${posbench.task_window:20}` (or a list of sizes): the length whose windows hold instances
+    of that size of the run's task, so that a task's lengths can be given in its own size."""
+    task = build_dataset(_root_.dataset)
+    if not isinstance(task, Task):
+        raise ConfigError(f"posbench.task_window is not accepted for dataset="
+                          f"{_root_.dataset.name}; expected a task dataset (dataset=task_...)")
+    if isinstance(sizes, (list, ListConfig)):
+        return [window_for(task, int(s)) for s in sizes]
+    return window_for(task, int(sizes))
+
+
+OmegaConf.register_new_resolver("posbench.task_window", _task_window, replace=True)
 
 
 @dataclass

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, List, Optional
 
 import torch
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from posbench.encodings.base import EVAL_OPTIONS
 from posbench.core.errors import ConfigError
@@ -82,9 +82,10 @@ def eval_config(eval_cfg):
     """The `eval` node's own keys (not the sections') as a typed config: a key that a partial
     or older config lacks takes its default."""
     names = {f.name for f in dataclasses.fields(EvalConfig)}
+    # resolved in place: an interpolation may read the rest of the run's config
+    node = eval_cfg if isinstance(eval_cfg, DictConfig) else OmegaConf.create(eval_cfg)
     return OmegaConf.merge(OmegaConf.structured(EvalConfig),
-                           {k: v for k, v in OmegaConf.to_container(OmegaConf.create(eval_cfg),
-                                                                   resolve=True).items()
+                           {k: v for k, v in OmegaConf.to_container(node, resolve=True).items()
                             if k in names})
 
 

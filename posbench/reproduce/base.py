@@ -8,7 +8,8 @@ in this package, registered as encodings and evaluations are:
         setting = "one line: the setting it runs"
         device = "cpu"                       # or "cuda", with reduced = "<its CPU entry>"
         reduction = "what is reduced from the paper's setting"   # "" at the paper's setting
-        axis = "length"                      # or "size"
+        axis = "length"                      # or "size", or "score" (below)
+        metric = "ppl"                       # or "accuracy" (a task's exact match)
         paper_train_length = 512
         sweep = Sweep(experiment=None, overrides=("encoding=rope,alibi", ...))
         groups = ("rope", "alibi")           # the encodings compared
@@ -16,6 +17,12 @@ in this package, registered as encodings and evaluations are:
         source = "where the numbers were read"
         claims = (OrderPast(...), ...)       # posbench/reproduce/claims.py
         cost = "declared wall time"
+
+A run belongs to the group `group_of(record)` names: its encoding, unless the entry compares runs
+of one encoding under different settings (RoPE at two bases) and says which. axis "score": the
+published columns are named scores of each group (a mean reciprocal rank), not lengths or sizes;
+such an entry's groups are `<task>/<encoding>`, its published scores are by encoding, and it
+measures by length and writes its own tables (`tables`).
 
 check() holds an entry to this contract; tests/test_reproduce.py calls it for every entry.
 """
@@ -32,7 +39,8 @@ from posbench.core.registry import Entry, Registry
 from posbench.reproduce.claims import Claim, Measured
 
 DEVICES = ("cpu", "cuda")
-AXES = ("length", "size")
+AXES = ("length", "size", "score")
+METRICS = ("ppl", "accuracy")
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,7 @@ class Reproduction:
     reduced: ClassVar[Optional[str]] = None  # a cuda entry's CPU entry
     reduction: ClassVar[str] = ""  # what is reduced from the paper's setting; "": none
     axis: ClassVar[str]
+    metric: ClassVar[str] = "ppl"
     paper_train_length: ClassVar[int]
     sweep: ClassVar[Sweep]
     groups: ClassVar[Tuple[str, ...]]
@@ -81,18 +90,32 @@ class Reproduction:
                 else size_value(published_x))
 
     @classmethod
+    def group_of(cls, record: dict) -> str:
+        """The group a run belongs to: its encoding."""
+        return record["encoding"]
+
+    @classmethod
+    def position(cls, record: dict, length: int) -> float:
+        """An evaluated length as the claims read it: over the run's training length."""
+        return length / record["train"]["seq_len"]
+
+    @classmethod
     def measure(cls, records: List[dict]) -> Measured:
-        """Finished runs' results.json records -> group -> x -> mean over seeds: perplexity by
-        length over the training length (axis length), or at the training length by the model's
-        parameter count (axis size)."""
+        """Finished runs' results.json records -> group -> x -> mean over seeds of the entry's
+        metric: by length over the training length (axes length and score), or at the training
+        length by the model's parameter count (axis size)."""
         from posbench.reports.report import aggregate
 
-        train_lens = {r["train"]["seq_len"] for r in records}
-        if len(train_lens) > 1:
-            raise ConfigError(f"the runs were trained at several lengths ({sorted(train_lens)}); "
-                              f"expected one training length for reproduce entry {cls.name!r}")
-        train_len = train_lens.pop()
-        # a size is a model shape, named by its fewest parameters over the encodings (a learned
+        by_group: Dict[str, List[dict]] = defaultdict(list)
+        for record in records:
+            by_group[cls.group_of(record)].append(record)
+        for group, members in by_group.items():
+            train_lens = sorted({r["train"]["seq_len"] for r in members})
+            if len(train_lens) > 1:
+                raise ConfigError(f"the runs of {group} were trained at several lengths "
+                                  f"({train_lens}); expected one training length per group of "
+                                  f"reproduce entry {cls.name!r}")
+        # a size is a model shape, named by its fewest parameters over the groups (a learned
         # table adds its own)
         def shape(record: dict) -> tuple:
             return tuple(record["model"][k] for k in ("n_layer", "n_head", "d_model"))
@@ -102,25 +125,34 @@ class Reproduction:
             sizes[shape(record)] = min(sizes.get(shape(record), math.inf),
                                        record["model"]["params"])
         by_label: Dict[Tuple[str, int], List[dict]] = defaultdict(list)
-        for record in records:
-            size = sizes[shape(record)] if cls.axis == "size" else 0
-            by_label[(record["encoding"], size)].append(record)
-        labels = {f"{enc}|{size}": (enc, size) for enc, size in by_label}
-        table = aggregate({label: by_label[key] for label, key in labels.items()})
+        for group, members in by_group.items():
+            for record in members:
+                by_label[(group, sizes[shape(record)] if cls.axis == "size" else 0)].append(record)
+        labels = {f"{group}|{size}": (group, size) for group, size in by_label}
+        table = aggregate({label: by_label[key] for label, key in labels.items()}, cls.metric)
         values: Dict[str, Dict[float, float]] = defaultdict(dict)
+        spread: Dict[str, Dict[float, float]] = defaultdict(dict)
         for label, by_length in table.items():
-            enc, size = labels[label]
-            if cls.axis == "length":
-                values[enc].update({n / train_len: s["mean"] for n, s in by_length.items()})
-            elif train_len in by_length:
-                values[enc][float(size)] = by_length[train_len]["mean"]
-        return Measured(dict(values), at_paper_scale=cls.at_paper_scale())
+            group, size = labels[label]
+            first = by_label[labels[label]][0]
+            if cls.axis != "size":
+                points = {cls.position(first, n): s for n, s in by_length.items()}
+            elif first["train"]["seq_len"] in by_length:
+                points = {float(size): by_length[first["train"]["seq_len"]]}
+            else:
+                continue
+            values[group].update({x: s["mean"] for x, s in points.items()})
+            spread[group].update({x: s["ci95"] for x, s in points.items()})
+        return Measured(dict(values), at_paper_scale=cls.at_paper_scale(), spread=dict(spread))
 
     @classmethod
     def pairs(cls, measured: Measured) -> Dict[Any, Optional[float]]:
         """Each published column -> the measured x it is compared with (None: none). Lengths by
         their ratio to the training length, the nearest within a factor of sqrt(2); sizes by
-        rank at the ends of the ladders (smallest with smallest, largest with largest)."""
+        rank at the ends of the ladders (smallest with smallest, largest with largest); a score
+        is compared by the entry's own tables."""
+        if cls.axis == "score":
+            return {}
         xs = sorted({x for row in measured.values.values() for x in row})
         columns = list(next(iter(cls.published.values())))
         if cls.axis == "length":
@@ -139,8 +171,16 @@ class Reproduction:
 
     @classmethod
     def owns(cls, records: List[dict]) -> List[str]:
-        """The encodings among the records that this entry does not compare."""
-        return sorted({r["encoding"] for r in records} - set(cls.groups))
+        """The groups among the records that this entry does not compare."""
+        return sorted({cls.group_of(r) for r in records} - set(cls.groups))
+
+    @classmethod
+    def tables(cls, measured: Measured, train_len: int) -> List[str]:
+        """The report's tables after its verdicts (markdown lines): the paper's numbers beside
+        posbench's (posbench/reproduce/judge.py)."""
+        from posbench.reproduce.judge import paired_tables
+
+        return paired_tables(cls, measured, train_len)
 
     @classmethod
     def check(cls) -> None:
@@ -148,6 +188,7 @@ class Reproduction:
         named = f"reproduce entry {cls.name!r}"
         assert cls.device in DEVICES, f"{named}: device {cls.device!r}, expected one of {DEVICES}"
         assert cls.axis in AXES, f"{named}: axis {cls.axis!r}, expected one of {AXES}"
+        assert cls.metric in METRICS, f"{named}: metric {cls.metric!r}, expected one of {METRICS}"
         if cls.device == "cuda":
             reduced = registry().get(cls.reduced or "")
             assert reduced and reduced.cls.device == "cpu", \
@@ -161,12 +202,16 @@ class Reproduction:
                 assert "\n" not in text, f"{named}: {key} is one line"
         assert isinstance(cls.sweep, Sweep), f"{named}: sweep is a Sweep"
         assert cls.sweep.experiment or cls.sweep.overrides, f"{named}: sweep runs nothing"
-        assert set(cls.published) <= set(cls.groups), f"{named}: published groups not compared"
+        # a score's groups are `<task>/<encoding>`, its published scores by encoding
+        rows = ({g.rpartition("/")[2] for g in cls.groups} if cls.axis == "score"
+                else set(cls.groups))
+        assert set(cls.published) <= rows, f"{named}: published groups not compared"
         columns = [list(row) for row in cls.published.values()]
         assert columns and all(c == columns[0] for c in columns), \
             f"{named}: every published group has the same columns"
-        for col in columns[0]:
-            cls.x_of(col)  # a size label that does not read raises here
+        if cls.axis != "score":
+            for col in columns[0]:
+                cls.x_of(col)  # a size label that does not read raises here
         assert cls.claims, f"{named}: no claims"
         names = [c.name for c in cls.claims]
         assert len(set(names)) == len(names), f"{named}: two claims share a name"

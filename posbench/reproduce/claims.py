@@ -24,9 +24,11 @@ VERDICTS = (REPRODUCED, NOT_REPRODUCED, NOT_COMPARABLE)
 class Measured:
     """values: group -> x -> value (perplexity); a point that was not measured (OOM) is absent.
     at_paper_scale: whether the numbers come from the paper's setting (the paper's own numbers,
-    or an entry that runs at it), so that absolute values may be compared."""
+    or an entry that runs at it), so that absolute values may be compared. spread: group -> x ->
+    the 95% half-width of the mean over seeds (t-interval; 0 for one seed), where known."""
     values: Dict[str, Dict[float, float]]
     at_paper_scale: bool
+    spread: Dict[str, Dict[float, float]] = field(default_factory=dict)
 
     def present(self, groups: Tuple[str, ...]) -> List[str]:
         return [g for g in groups if self.values.get(g)]
@@ -254,3 +256,129 @@ class GapShrinks(Claim):
             return NOT_REPRODUCED, detail + " (it does not shrink)"
         return NOT_COMPARABLE, detail + (f" (shrinks by {1 - large / small:.0%}, less than the "
                                          f"{self.tolerance:.0%} that the noise allows)")
+
+
+def task_group(task: str, encoding: str) -> str:
+    """The group of a task's runs of one encoding: `copy/nope`."""
+    return f"{task}/{encoding}"
+
+
+@dataclass(frozen=True)
+class AccuracyIn(Claim):
+    """Exact-match accuracy of each of `groups` at every measured x in [low, high] is at least
+    `least`, or at most `most`, within `tolerance` (accuracy points)."""
+    groups: Tuple[str, ...] = ()
+    low: float = 1.0
+    high: float = 1.0
+    least: Optional[float] = None
+    most: Optional[float] = None
+    unit: str = field(default="accuracy", kw_only=True)
+
+    def judge(self, m: Measured) -> Tuple[str, str]:
+        points = [(g, x, m.values[g][x]) for g in m.present(self.groups)
+                  for x in sorted(m.values[g]) if self.low - 1e-9 <= x <= self.high + 1e-9]
+        if not points:
+            return NOT_COMPARABLE, (f"none of {', '.join(self.groups)} was measured between "
+                                    f"{x_text(self.low)} and {x_text(self.high)}")
+        if self.least is not None:
+            g, x, v = min(points, key=lambda p: p[2])
+            holds, bound = v >= self.least - self.tolerance, f"at least {self.least:g}"
+        else:
+            g, x, v = max(points, key=lambda p: p[2])
+            holds, bound = v <= self.most + self.tolerance, f"at most {self.most:g}"
+        detail = (f"{'lowest' if self.least is not None else 'highest'}: {g} {v:.3f} at "
+                  f"{x_text(x)} ({bound} within {self.tolerance:g} accepted)"
+                  f"{unmeasured(self.groups, m.present(self.groups))}")
+        return (REPRODUCED if holds else NOT_REPRODUCED), detail
+
+
+def reciprocal_ranks(scores: Dict[str, float]) -> Dict[str, float]:
+    """1/rank of each score, the highest ranked 1; tied scores share the mean of their ranks."""
+    ordered = sorted(scores.values(), reverse=True)
+    out = {}
+    for name, score in scores.items():
+        first = ordered.index(score) + 1
+        ties = ordered.count(score)
+        out[name] = 1 / (first + (ties - 1) / 2)
+    return out
+
+
+def mean_reciprocal_ranks(m: Measured, tasks: Tuple[str, ...], encodings: Tuple[str, ...],
+                          past: float, upto: float) -> Tuple[Dict[str, float], List[str]]:
+    """Each encoding's mean over `tasks` of its reciprocal rank, a task ranking the encodings by
+    their mean accuracy over the measured x in (past, upto]; the tasks that every encoding was
+    measured on are used, the others returned apart."""
+    used, skipped = [], []
+    ranks: Dict[str, List[float]] = {e: [] for e in encodings}
+    for task in tasks:
+        scores = {}
+        for enc in encodings:
+            row = m.values.get(task_group(task, enc), {})
+            xs = [x for x in row if past + 1e-9 < x <= upto + 1e-9]
+            if xs:
+                scores[enc] = sum(row[x] for x in xs) / len(xs)
+        if len(scores) < len(encodings):
+            skipped.append(task)
+            continue
+        used.append(task)
+        for enc, rr in reciprocal_ranks(scores).items():
+            ranks[enc].append(rr)
+    mrr = {e: sum(r) / len(r) for e, r in ranks.items() if r}
+    return mrr, skipped
+
+
+@dataclass(frozen=True)
+class RankOrder(Claim):
+    """The encodings' mean reciprocal rank over `tasks` (mean_reciprocal_ranks, x in (past,
+    upto]) falls in `order`: each at least the next minus `tolerance`."""
+    tasks: Tuple[str, ...] = ()
+    order: Tuple[str, ...] = ()
+    past: float = 1.0
+    upto: float = 2.0
+    unit: str = field(default="mrr", kw_only=True)
+
+    def judge(self, m: Measured) -> Tuple[str, str]:
+        mrr, skipped = mean_reciprocal_ranks(m, self.tasks, self.order, self.past, self.upto)
+        if not mrr:
+            return NOT_COMPARABLE, ("no task was measured for every one of "
+                                    + ", ".join(self.order) + f" past {x_text(self.past)}")
+        shown = " > ".join(f"{e} {mrr[e]:.2f}" for e in self.order)
+        counted = len(self.tasks) - len(skipped)
+        detail = f"MRR over {counted} task{'s' * (counted != 1)}: {shown}" + (
+            f"; not measured for every encoding: {', '.join(skipped)}" if skipped else "")
+        inverted = [(a, b) for a, b in zip(self.order, self.order[1:])
+                    if mrr[a] < mrr[b] - self.tolerance]
+        if inverted:
+            return NOT_REPRODUCED, detail + "; out of order beyond the tolerance: " + ", ".join(
+                f"{b} above {a} by {mrr[b] - mrr[a]:.2f}" for a, b in inverted)
+        return REPRODUCED, detail + f" (tolerance {self.tolerance:g})"
+
+
+@dataclass(frozen=True)
+class Below(Claim):
+    """`lower` has a lower perplexity than `higher` at x = `at`, told apart by the seeds: the
+    log ratio ln(higher/lower) beyond the two means' 95% bands combined (in quadrature, relative)
+    plus `tolerance` is reproduced, beyond them the other way not reproduced, inside them not
+    comparable (the seeds cannot tell the two apart). Fewer than two seeds of either cannot."""
+    lower: str = "p_rope"
+    higher: str = "rope"
+    at: float = 1.0
+
+    def judge(self, m: Measured) -> Tuple[str, str]:
+        a, b = m.values.get(self.lower, {}), m.values.get(self.higher, {})
+        if self.at not in a or self.at not in b:
+            return NOT_COMPARABLE, (f"{self.lower} and {self.higher} were not both measured at "
+                                    f"{x_text(self.at)}")
+        gap = math.log(b[self.at] / a[self.at])
+        bands = [m.spread.get(g, {}).get(self.at, 0.0) / v[self.at]
+                 for g, v in ((self.lower, a), (self.higher, b))]
+        band = math.sqrt(sum(x * x for x in bands)) + self.tolerance
+        detail = (f"{self.higher} {pct(math.exp(gap) - 1)} against {self.lower} at "
+                  f"{x_text(self.at)}; seeds' 95% band of the difference ±{band:.1%}")
+        if not all(bands):
+            return NOT_COMPARABLE, detail + " (fewer than two seeds: no band)"
+        if gap > band:
+            return REPRODUCED, detail
+        if gap < -band:
+            return NOT_REPRODUCED, detail + f" ({self.lower} is the higher, beyond the band)"
+        return NOT_COMPARABLE, detail + " (inside the band: the seeds cannot tell them apart)"

@@ -107,27 +107,10 @@ def table(entry, measured: Measured, train_len: int, ratio: bool = False) -> Lis
     return lines
 
 
-def render(entry, folder: Path, records: List[dict], measured: Measured,
-           verdicts: List[Tuple[Claim, str, str]], train_len: int) -> str:
-    seeds: Dict[str, int] = {}
-    for record in records:
-        seeds[record["encoding"]] = seeds.get(record["encoding"], 0) + 1
-    scale = ("the paper's setting" if entry.at_paper_scale()
-             else f"reduced from the paper's: {entry.reduction}")
-    lines = [f"# posbench reproduce {entry.name}", "",
-             f"{entry.paper}, {entry.where}.", "",
-             f"- Setting: {entry.setting}; {scale.rstrip('.')}.",
-             f"- Published numbers: {entry.source.rstrip('.')}.",
-             f"- Runs: {len(records)} finished in {folder} (runs per encoding: "
-             + ", ".join(f"{g} {n}" for g, n in sorted(seeds.items())) + ").", "",
-             "## Verdicts", "",
-             "| claim | verdict | measured |", "|---|---|---|"]
-    lines += [f"| {claim.name} | {verdict} | {detail} |" for claim, verdict, detail in verdicts]
-    lines += ["", "Each claim, its tolerance and why:", ""]
-    lines += [f"- **{claim.name}** ({verdict}): {claim.statement}. Tolerance "
-              f"{claim.tolerance_text()}: {claim.why}." for claim, verdict, _ in verdicts]
+def paired_tables(entry, measured: Measured, train_len: int) -> List[str]:
+    """The published numbers beside posbench's, by length (and as ratios to L) or by size."""
     what = "at the training length by model size" if entry.axis == "size" else "by length"
-    lines += ["", f"## Perplexity {what}: the paper's and posbench's", ""]
+    lines = ["", f"## Perplexity {what}: the paper's and posbench's", ""]
     if entry.axis == "length":
         lines += [f"Each published length is set beside the posbench length of the nearest "
                   f"ratio to the training length (the paper's L = {entry.paper_train_length}, "
@@ -142,6 +125,30 @@ def render(entry, folder: Path, records: List[dict], measured: Measured,
     if entry.axis == "length":
         lines += ["", "## Perplexity over its value at L", ""]
         lines += table(entry, measured, train_len, ratio=True)
+    return lines
+
+
+def render(entry, folder: Path, records: List[dict], measured: Measured,
+           verdicts: List[Tuple[Claim, str, str]], train_len: int) -> str:
+    seeds: Dict[str, int] = {}
+    for record in records:
+        group = entry.group_of(record)
+        seeds[group] = seeds.get(group, 0) + 1
+    scale = ("the paper's setting" if entry.at_paper_scale()
+             else f"reduced from the paper's: {entry.reduction}")
+    lines = [f"# posbench reproduce {entry.name}", "",
+             f"{entry.paper}, {entry.where}.", "",
+             f"- Setting: {entry.setting}; {scale.rstrip('.')}.",
+             f"- Published numbers: {entry.source.rstrip('.')}.",
+             f"- Runs: {len(records)} finished in {folder} (runs per group: "
+             + ", ".join(f"{g} {n}" for g, n in sorted(seeds.items())) + ").", "",
+             "## Verdicts", "",
+             "| claim | verdict | measured |", "|---|---|---|"]
+    lines += [f"| {claim.name} | {verdict} | {detail} |" for claim, verdict, detail in verdicts]
+    lines += ["", "Each claim, its tolerance and why:", ""]
+    lines += [f"- **{claim.name}** ({verdict}): {claim.statement}. Tolerance "
+              f"{claim.tolerance_text()}: {claim.why}." for claim, verdict, _ in verdicts]
+    lines += entry.tables(measured, train_len)
     return "\n".join(lines) + "\n"
 
 

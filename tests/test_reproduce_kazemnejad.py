@@ -1,0 +1,146 @@
+"""`posbench reproduce kazemnejad2023`: tasks scored by exact match at instance sizes to 2L, the
+encodings ranked per task past L and by their mean reciprocal rank (re-derived here by hand), the
+figure's claims judged on numbers written here, and the entry run at a toy scale through the
+installed CLI."""
+import json
+from fractions import Fraction
+
+import pytest
+
+from helpers import posbench_cli
+from posbench.reproduce import NOT_COMPARABLE, NOT_REPRODUCED, REPRODUCED, Measured, registry
+from posbench.reproduce.claims import reciprocal_ranks
+
+ENTRY = registry()["kazemnejad2023"].cls
+ENCODINGS = ("nope", "t5", "alibi", "rope", "sinusoidal")
+# Kazemnejad et al. 2023, Figure 1: mean reciprocal rank over the 10 tasks
+FIGURE1_MRR = {"nope": 0.69, "t5": 0.55, "alibi": 0.50, "rope": 0.33, "sinusoidal": 0.22}
+
+
+def accuracies(past, at_l=1.0):
+    """Measured exact match: every task/encoding at sizes 10, 20 (1.0 unless at_l says) and at
+    30, 40 the `past` value (task -> encoding -> accuracy past L)."""
+    values = {}
+    for task, row in past.items():
+        for enc, acc in row.items():
+            values[f"{task}/{enc}"] = {0.5: 1.0, 1.0: at_l, 1.5: acc, 2.0: acc}
+    return Measured(values, at_paper_scale=False)
+
+
+def verdicts(measured):
+    return {c.name: c.judge(measured) for c in ENTRY.claims}
+
+
+def test_the_entry_compares_the_papers_five_encodings_with_its_published_ranks():
+    ENTRY.check()
+    assert ENTRY.published == {e: {"MRR": v} for e, v in FIGURE1_MRR.items()}
+    assert ENTRY.metric == "accuracy" and ENTRY.axis == "score"
+    assert {g.split("/")[1] for g in ENTRY.groups} == set(ENCODINGS)
+
+
+def test_reciprocal_ranks_share_the_mean_rank_of_a_tie():
+    ranks = reciprocal_ranks({"a": 0.9, "b": 0.1, "c": 0.1, "d": 0.5, "e": 0.0})
+    # ranks 1, 3.5, 3.5, 2, 5
+    assert ranks == pytest.approx({"a": 1, "b": 1 / 3.5, "c": 1 / 3.5, "d": 1 / 2, "e": 1 / 5})
+
+
+def test_the_mean_reciprocal_rank_orders_the_encodings_as_the_figure_does():
+    # three tasks: the figure's order on copy and reverse; on addition T5 first and a tie at 0
+    past = {"copy": dict(zip(ENCODINGS, (1.0, 0.9, 0.5, 0.1, 0.0))),
+            "reverse": dict(zip(ENCODINGS, (0.8, 0.7, 0.3, 0.2, 0.1))),
+            "sum_mod": dict(zip(ENCODINGS, (0.4, 0.6, 0.0, 0.0, 0.0)))}
+    # by hand: nope 1, 1, 1/2; t5 1/2, 1/2, 1; alibi 1/3, 1/3, 1/4; rope 1/4, 1/4, 1/4;
+    # sinusoidal 1/5, 1/5, 1/4 (sum_mod's three zeros share ranks 3..5, mean 4)
+    by_hand = {"nope": Fraction(5, 2), "t5": Fraction(2), "alibi": Fraction(11, 12),
+               "rope": Fraction(3, 4), "sinusoidal": Fraction(13, 20)}
+    verdict, detail = verdicts(accuracies(past))["mrr_order"]
+    assert verdict == REPRODUCED, detail
+    for enc, total in by_hand.items():
+        assert f"{enc} {float(total / 3):.2f}" in detail
+
+    # rotary first on every task: out of order
+    flipped = {t: {**row, "rope": 1.5} for t, row in past.items()}
+    verdict, detail = verdicts(accuracies(flipped))["mrr_order"]
+    assert verdict == NOT_REPRODUCED and "rope above alibi" in detail
+
+    # a task measured for some encodings only is left out of the ranks, and says so
+    partial = accuracies(past)
+    del partial.values["sum_mod/rope"]
+    assert "MRR over 2 tasks" in verdicts(partial)["mrr_order"][1]
+    assert "not measured for every encoding: addition_msb, parity, poly, sort_single, " \
+           "sum_mod, lego" in verdicts(partial)["mrr_order"][1]
+    assert verdicts(Measured({}, False))["mrr_order"][0] == NOT_COMPARABLE
+
+
+def copy_curves(**changed):
+    """Exact match on copy by size over L: 1.0 up to L, then the reference's own means at 25, 30,
+    35, 40 (results/len_gen_experiments.csv, s2s_copy cmc_tr20_ts40), rotary and ALiBi made up
+    (the file has no rows of theirs)."""
+    past = {"nope": (0.994, 0.850, 0.276, 0.002), "t5": (0.998, 0.966, 0.888, 0.662),
+            "sinusoidal": (0.0, 0.0, 0.0, 0.0), "rope": (0.5, 0.1, 0.0, 0.0),
+            "alibi": (0.9, 0.5, 0.2, 0.1), **changed}
+    return Measured({f"copy/{e}": {0.5: 1.0, 1.0: 1.0, **dict(zip((1.25, 1.5, 1.75, 2.0), row))}
+                     for e, row in past.items()}, at_paper_scale=False)
+
+
+COPY_CLAIMS = ("in_distribution", "copy_nope_at_1.5L", "copy_nope_fails_at_2L", "copy_t5_at_2L",
+               "copy_ape_fails")
+
+
+def test_the_references_own_copy_numbers_reproduce_the_copy_claims():
+    judged = verdicts(copy_curves())
+    assert {name: judged[name][0] for name in COPY_CLAIMS} == dict.fromkeys(COPY_CLAIMS,
+                                                                           REPRODUCED)
+
+    # NoPE copying at 2L, T5 not past L, APE past L, NoPE gone by 1.5L
+    judged = verdicts(copy_curves(nope=(0.9, 0.6, 0.4, 0.3), t5=(0.5, 0.3, 0.2, 0.1),
+                                  sinusoidal=(0.2, 0.0, 0.0, 0.0)))
+    assert {name: judged[name][0] for name in COPY_CLAIMS[1:]} == dict.fromkeys(
+        COPY_CLAIMS[1:], NOT_REPRODUCED)
+    assert "lowest: copy/nope 0.600 at 1.5L" in judged["copy_nope_at_1.5L"][1]
+    assert "highest: copy/sinusoidal 0.200 at 1.25L" in judged["copy_ape_fails"][1]
+
+    # a model that did not learn the task at L
+    unlearned = copy_curves()
+    unlearned.values["copy/rope"][1.0] = 0.9
+    judged = verdicts(unlearned)["in_distribution"]
+    assert judged[0] == NOT_REPRODUCED and "copy/rope 0.900 at 1L" in judged[1]
+    assert verdicts(Measured({}, False))["copy_t5_at_2L"][0] == NOT_COMPARABLE
+
+
+def test_runs_are_grouped_by_task_and_encoding_at_their_instance_size():
+    def record(task, enc, seed, seq_len, curve):
+        return {"encoding": enc, "seed": seed, "dataset": {"name": f"task_{task}"},
+                "train": {"seq_len": seq_len},
+                "model": {"params": 1, "n_layer": 1, "n_head": 1, "d_model": 8},
+                "eval": {"curve": [{"length": n, "ppl": 1.0, "accuracy": a} for n, a in curve]}}
+
+    # copy of size k fills 2k + 2 tokens (a window of n = 2k + 1); addition_msb of two k-digit
+    # numbers 3k + 4 when the sum carries (n = 3k + 3)
+    runs = [record("copy", "nope", 0, 41, [(41, 1.0), (81, 0.5)]),
+            record("copy", "nope", 1, 41, [(41, 0.8), (81, 0.0)]),
+            record("addition_msb", "t5", 0, 27, [(27, 0.9), (51, 0.25)])]
+    measured = ENTRY.measure(runs)
+    assert measured.values == {"copy/nope": {1.0: 0.9, 2.0: 0.25},
+                               "addition_msb/t5": {1.0: 0.9, 2.0: 0.25}}
+    assert ENTRY.owns(runs) == []
+    assert ENTRY.owns([record("copy", "learned", 0, 41, [(41, 1.0)])]) == ["copy/learned"]
+
+
+def test_the_entry_runs_at_a_toy_scale_through_the_cli(tmp_path):
+    sweep = tmp_path / "sweep"
+    done = posbench_cli(
+        "reproduce", "kazemnejad2023", "hydra/launcher=basic", "kazemnejad2023=copy",
+        "encoding=nope,rope", "seed=0", "model.n_layer=1", "model.d_model=32", "model.n_head=2",
+        "train.steps=3", "train.batch_size=2", "train.warmup_steps=1", "train.log_every=1",
+        "eval.tokens=64", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    record = json.loads((sweep / "reproduction.json").read_text())
+    assert set(record["measured"]) == {"copy/nope", "copy/rope"}
+    # sizes 5..40 of copy over the training size 20
+    assert list(record["measured"]["copy/nope"]) == ["0.25", "0.5", "0.75", "1", "1.25", "1.5",
+                                                     "1.75", "2"]
+    results = json.loads(next(sweep.glob("*nope*/results.json")).read_text())
+    assert results["train"]["seq_len"] == 41
+    assert [p["length"] for p in results["eval"]["curve"]] == [11, 21, 31, 41, 51, 61, 71, 81]
+    assert "## copy: exact match by instance size over L" in done.stdout
+    assert "| nope | 0.69 |" in done.stdout
