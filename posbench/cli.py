@@ -103,15 +103,43 @@ def _job_error(err: object, code: int) -> None:
     _job_errors.append(code)
 
 
-def _dry_run_job(name: str, est, refused: Optional[str], room: Optional[int], source: str) -> None:
-    from posbench.runs.estimate import describe
+def _dry_run_job(cfg: DictConfig, name: str) -> None:
+    """A job of `posbench train --dry-run`: its estimate, and its wall time extrapolated from
+    steps timed on this machine under the threads the job would get."""
+    import torch
 
-    print(f"  {name}: {describe(est)}" + (f"\n    refused: {refused}" if refused else ""))
-    _dry_run["memory"] = room, source
+    from posbench.core.device import job_threads, resolve_device, usable_cores
+    from posbench.runs.estimate import available_memory, describe, estimate, refusal, wall_time
+
+    est = estimate(cfg, distributed.world_size())
+    try:
+        device = resolve_device(cfg.device)
+    except ConfigError:  # a GPU job planned on a machine without one: its estimate still holds
+        device = None
+    room, source = available_memory(device) if device else (None, "")
+    refused = refusal(cfg, est, room, source)
+    seconds = None
+    if device is None:
+        timing = "not measured: no CUDA device is visible on this machine"
+    elif refused:
+        timing = "not measured: it would be refused"
+    else:
+        threads = job_threads(usable_cores(), _dry_run["n_jobs"]) or torch.get_num_threads()
+        try:
+            seconds, timing = wall_time(cfg, est, device, threads, distributed.world_size())
+        except (RuntimeError, MemoryError) as err:  # e.g. a GPU that others fill
+            timing = f"not measured: {one_line(err)}"
+    print(f"  {name}: {describe(est)}" + (f"\n    refused: {refused}" if refused else "")
+          + f"\n    time: {timing}", flush=True)
+    if room:
+        _dry_run["memory"] = room, source
     _dry_run["jobs"] += 1
     _dry_run["tokens"] += est.tokens
     _dry_run["flops"] += est.train_flops + est.eval_flops
     _dry_run["refused"] += bool(refused)
+    if seconds is not None:
+        _dry_run["seconds"] += seconds
+        _dry_run["timed"] += 1
 
 
 def _finished_run(cfg: DictConfig, run_dir: Path, record: dict) -> None:
@@ -163,11 +191,11 @@ def run_job(cfg: DictConfig, run_dir: Path, multirun: bool) -> None:
     main_rank = distributed.is_main()
     try:
         check(cfg)
+        if _dry_run is not None:
+            return _dry_run_job(cfg, run_dir.name if multirun else "run")
         est = estimate(cfg, distributed.world_size())
         room, source = available_memory(resolve_device(cfg.device))
         refused = refusal(cfg, est, room, source)
-        if _dry_run is not None:
-            return _dry_run_job(run_dir.name if multirun else "run", est, refused, room, source)
         run = RunDir(cfg, run_dir)
         if run.finished:
             return _finished_run(cfg, run_dir, run.finished)
@@ -549,19 +577,31 @@ def extend_runs(rest: list) -> None:
         sys.exit(max(_job_errors))
 
 
+def launcher_jobs(args: list) -> int:
+    """The jobs a command's launcher runs at once: joblib's hydra.launcher.n_jobs (its default
+    -1: one per core; see job_threads), else one."""
+    if "hydra/launcher=joblib" not in args:
+        return 1
+    given = [arg.split("=", 1)[1] for arg in args if arg.startswith("hydra.launcher.n_jobs=")]
+    return int(given[-1]) if given else -1
+
+
 def dry_run(rest: list, named: list) -> None:
     """`posbench train [-m] ... --dry-run`: Hydra composes every job as it would run it, and each
-    prints its estimate; Hydra's dirs go to a scratch folder, and an in-process launcher replaces
-    any other (a cluster launcher would submit the jobs)."""
-    from posbench.runs.estimate import count, gib
+    prints its estimate and its time; Hydra's dirs go to a scratch folder, and an in-process
+    launcher replaces any other (a cluster launcher would submit the jobs)."""
+    from posbench.core.device import usable_cores
+    from posbench.runs.estimate import count, gib, span
 
     global _dry_run
     # the user's run and sweep dirs too: Hydra would create them (and write multirun.yaml there)
     kept = [arg for arg in rest if not arg.startswith(("hydra/launcher=", "hydra.launcher.",
                                                        "hydra.run.dir=", "hydra.sweep.dir="))]
     print("posbench train --dry-run: each job and its estimate (docs/design.md, Estimates); "
-          "nothing is run or written")
-    _dry_run = {"jobs": 0, "tokens": 0, "flops": 0.0, "refused": 0, "memory": (None, "")}
+          "nothing is trained or written, a job's time extrapolates a few steps timed here")
+    n_jobs = launcher_jobs(rest) if {"-m", "--multirun"} & set(rest) else 1
+    _dry_run = {"jobs": 0, "tokens": 0, "flops": 0.0, "refused": 0, "memory": (None, ""),
+                "n_jobs": n_jobs, "seconds": 0.0, "timed": 0}
     try:
         with tempfile.TemporaryDirectory(prefix="posbench-dry-run-") as scratch:
             sys.argv = ["posbench", *hydra_argv(kept, [
@@ -572,8 +612,15 @@ def dry_run(rest: list, named: list) -> None:
     finally:
         _dry_run = None
     room, source = totals["memory"]
-    print(f"{totals['jobs']} jobs: {count(totals['tokens'])} training tokens, "
+    timed = totals["timed"]
+    # parallel jobs share the cores, and each was timed on its share of them
+    at_once = min(timed, n_jobs if n_jobs > 0 else max(1, usable_cores() + 1 + n_jobs))
+    jobs = totals["jobs"]
+    print(f"{jobs} job{'s' * (jobs != 1)}: {count(totals['tokens'])} training tokens, "
           f"{totals['flops']:.2g} FLOPs".replace("e+", "e")
+          + (f", about {span(totals['seconds'] / at_once)} on this machine ({timed} "
+             f"job{'s' * (timed > 1)} timed" + (f", {at_once} at a time" if at_once > 1 else "")
+             + ")" if timed else "")
           + (f"; {totals['refused']} would be refused" if totals["refused"] else "")
           + (f"; memory available: {gib(room)} ({source})" if room else ""))
 

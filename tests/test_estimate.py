@@ -4,6 +4,7 @@ refused in one line (and listed by its sweep's report), and Ctrl-C honoured insi
 operation."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -64,6 +65,68 @@ def test_dry_run_lists_every_job_with_its_estimate_and_writes_nothing(tmp_path):
     assert proc.stdout.count("    refused: train.seq_len=1000000 is not accepted") == 2
     assert "4 jobs: " in proc.stdout and "2 would be refused" in proc.stdout
     assert list(tmp_path.iterdir()) == []
+
+
+TINY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.seq_len=32",
+        "train.warmup_steps=1", "eval.lengths=[32,64]", "eval.tokens=256", "device=cpu"]
+
+
+def seconds(text):
+    """'11.9 ms', '12 s', '3.1 min', '2.5 h' -> seconds."""
+    number, unit = text.split()
+    return float(number) * {"ms": 1e-3, "s": 1, "min": 60, "h": 3600}[unit]
+
+
+def test_dry_run_gives_each_job_and_the_sweep_a_wall_time_measured_on_this_machine(tmp_path):
+    proc = posbench_cli("train", "-m", *TINY, "train.steps=1000", "seed=0,1",
+                        "train.batch_size=2,10000000", "--dry-run", cwd=tmp_path)
+    timed = re.findall(r"^    time: about ([\d.]+ \w+): 1000 steps x ([\d.]+ m?s), a step "
+                       r"measured on this machine \(1 thread\), \+ ([\d.]+ m?s) evaluating",
+                       proc.stdout, flags=re.M)
+    assert len(timed) == 2, proc.stdout
+    # one shape, measured once: both seeds show the same step
+    assert timed[0] == timed[1]
+    total, step, evaluating = (seconds(x) for x in timed[0])
+    assert 0 < step < 5 and total == pytest.approx(1000 * step + evaluating, rel=0.1)
+    assert proc.stdout.count("    time: not measured: it would be refused") == 2
+    (last,) = [x for x in proc.stdout.splitlines() if x.startswith("4 jobs: ")]
+    everything = re.search(r", about ([\d.]+ \w+) on this machine \(2 jobs timed\)", last)
+    assert everything and seconds(everything[1]) == pytest.approx(2 * total, rel=0.1)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_dry_run_for_a_gpu_on_a_machine_without_one_says_why_it_has_no_time(tmp_path):
+    proc = posbench_cli("train", *TINY[:-1], "device=cuda", "--dry-run", cwd=tmp_path)
+    assert "  run: " in proc.stdout and "FLOPs training" in proc.stdout
+    assert "    time: not measured: no CUDA device is visible on this machine" in proc.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_step_is_measured_once_per_shape_under_the_jobs_threads(monkeypatch):
+    from posbench.runs import estimate as estimates, train as training
+
+    steps, threads = [], []
+    real = training.train_step
+
+    def counted(*args, **kwargs):
+        steps.append(1)
+        threads.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(training, "train_step", counted)
+    monkeypatch.setattr(estimates, "_step_seconds", {})
+    before = torch.get_num_threads()
+    cpu = torch.device("cpu")
+    for seed, total in ((0, 100), (1, 5000)):  # seeds and lengths of training share a shape
+        cfg = posbench.compose([*TINY, "train.batch_size=2", f"seed={seed}",
+                                f"train.steps={total}"])
+        assert 0 < estimates.step_seconds(cfg, cpu, 2) < 5
+    measured = len(steps)
+    assert 2 <= measured <= 1 + estimates.MEASURED_STEPS and set(threads) == {2}
+    assert torch.get_num_threads() == before  # the caller's threads are left as they were
+    estimates.step_seconds(posbench.compose([*TINY, "train.batch_size=4"]), cpu, 2)
+    assert len(steps) > measured  # another batch is another shape
 
 
 def test_a_job_that_cannot_fit_is_refused_in_one_line_and_its_sweep_lists_it(tmp_path, toy):

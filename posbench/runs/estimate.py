@@ -16,19 +16,24 @@ n an evaluation length, d = model.d_model, V the vocabulary, P the parameters:
 The constants were measured on CPU in fp32 (tiny model; RoPE, ALiBi and T5 up to 8192 tokens)
 and round up; bf16 autocast on CUDA needs less. A contextual encoding (CoPE) keeps more per
 score than a bias does: training it at 4096 tokens took about 1.5 GB more than the estimate.
+
+Wall time is not derived from FLOPs (a machine's speed is not known in advance): `--dry-run`
+times a few real steps of the job's model on this machine (step_seconds) and extrapolates.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 
 from posbench.attention.paths import BLOCK_ELEMENTS
-from posbench.config import ROPE_REMAPS
+from posbench.config import ROPE_REMAPS, to_container
 from posbench.evaluations.base import with_train_length
 from posbench.evaluations.perplexity import protocol_of
 
@@ -41,6 +46,9 @@ EVAL_ACTIVATIONS = 16  # fp32 values alive per token and unit of d_model in a fo
 TRAIN_SCORE_BLOCKS, EVAL_SCORE_BLOCKS = 4, 10
 LOGIT_CHUNK = 4096  # positions whose logits exist at once (model.token_losses)
 MEMORY_CHECK = "POSBENCH_MEMORY_CHECK"  # =0: start a job the estimate says will not fit
+# a step's time: the mean of at most MEASURED_STEPS steps, or of those begun within
+# MEASURE_SECONDS, after one warm-up step (allocations, first-call kernels)
+MEASURED_STEPS, MEASURE_SECONDS = 5, 2.0
 
 
 @dataclass(frozen=True)
@@ -97,6 +105,74 @@ def estimate(cfg, world_size: int = 1) -> Estimate:
         + (_score_blocks(EVAL_SCORE_BLOCKS, windows, m.n_head, n) if eval_hooks else 0))
     return Estimate(params, tokens, float(train_flops), float(eval_flops), int(train_bytes),
                     int(eval_bytes), n)
+
+
+_step_seconds: Dict[str, float] = {}  # measured step times, by what sets a step's cost
+
+
+def step_seconds(cfg, device: torch.device, threads: int, world_size: int = 1) -> float:
+    """Seconds of one training step of cfg's job on this machine: real optimizer steps of its
+    model at its batch (per process) and length, on random tokens, under `threads` torch
+    threads. Cached by what sets a step's cost (model, encoding, batch, length, device,
+    threads), so a sweep measures each of its shapes once; seeds and train.steps share one."""
+    t = cfg.train
+    batch = t.batch_size // world_size
+    key = json.dumps([to_container(cfg.model), to_container(cfg.encoding), batch, t.seq_len,
+                      t.get("pose_span"), str(device), threads], sort_keys=True, default=str)
+    if key not in _step_seconds:
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            _step_seconds[key] = _measure_step(cfg, device, batch)
+        finally:
+            torch.set_num_threads(previous)
+    return _step_seconds[key]
+
+
+def _measure_step(cfg, device: torch.device, batch: int) -> float:
+    from posbench.model.transformer import build_model
+    from posbench.runs import train as training
+
+    t = cfg.train
+    model = build_model(cfg).to(device)
+    optimizer = training.make_optimizer(model, t, device)
+    training.prepare_training(model, t)
+    model.encoding.at_step(0)
+    x, y = torch.randint(model.head.weight.shape[0], (2, batch, t.seq_len), device=device)
+
+    def step() -> torch.Tensor:
+        return training.train_step(model, model, optimizer, x, y, t.lr, t.grad_clip)
+
+    step().item()  # warm-up, not timed
+    began, n = time.perf_counter(), 0
+    while n < MEASURED_STEPS and (n == 0 or time.perf_counter() - began < MEASURE_SECONDS):
+        loss, n = step(), n + 1
+    loss.item()  # waits for a GPU's queued steps
+    return (time.perf_counter() - began) / n
+
+
+def wall_time(cfg, est: Estimate, device: torch.device, threads: int,
+              world_size: int = 1) -> Tuple[float, str]:
+    """The job's expected seconds on this machine, and a line saying how they were found:
+    train.steps times a measured step (step_seconds), plus the evaluation at the same rate per
+    FLOP (its FLOPs over a step's)."""
+    t = cfg.train
+    step = step_seconds(cfg, device, threads, world_size)
+    evaluating = step * est.eval_flops / (est.train_flops / t.steps / world_size)
+    total = t.steps * step + evaluating
+    return total, (f"about {span(total)}: {t.steps} steps x {span(step)}, a step measured on "
+                   f"this machine ({threads} thread{'s' * (threads > 1)}), + {span(evaluating)} "
+                   "evaluating (by FLOPs)" + ("; train.compile is not timed, the steps ran "
+                                              "eager" if t.compile else ""))
+
+
+def span(seconds: float) -> str:
+    """11.9 ms, 1.2 s, 95 s, 3.1 min, 83 min, 2.5 h."""
+    if seconds < 0.9995:
+        return f"{seconds * 1000:.3g} ms"
+    value, unit = ((seconds, "s") if seconds < 100 else (seconds / 60, "min") if seconds < 6000
+                   else (seconds / 3600, "h"))
+    return f"{value:.2g} {unit}" if value < 10 else f"{value:.0f} {unit}"
 
 
 def _cgroup_room() -> Optional[int]:
