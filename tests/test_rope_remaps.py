@@ -160,7 +160,8 @@ def test_a_model_evaluated_with_a_remap_changes_only_queries_with_far_keys():
 
 @pytest.mark.parametrize("overrides,words", [
     (["encoding=alibi", "eval.rope_scaling=rerope"], "does not rotate q and k"),
-    (["encoding=xpos", "eval.rope_scaling=self_extend"], "rotate by RoPE alone: p_rope"),
+    (["encoding=xpos", "eval.rope_scaling=self_extend"],
+     "rotate by RoPE alone: clipped_rope, hope, p_rope"),
     (["encoding=randomized", "eval.rope_scaling=shifted_rope"], "rotate by RoPE alone"),
     (["eval.rope_window=4"], "eval.rope_window=4 is not accepted; expected null unless"),
     (["eval.rope_scaling=rerope", "eval.rope_shift=8"], "null unless eval.rope_scaling=shifted"),
