@@ -77,6 +77,10 @@ def _remove_if_empty(run_dir: Path) -> None:
 
 # keys that `posbench eval` adds to Hydra's config of each run it scores
 EVAL_RUN, EVAL_FOLDER = "posbench_eval_run", "posbench_eval_folder"
+# what `posbench eval` over a folder did, for its summary: (run dir, record) of each re-score
+# written, and the run dirs skipped
+_rescored: list = []
+_skipped: list = []
 
 
 def _refused(run_dir: Path, err: PosbenchError, multirun: bool) -> None:
@@ -262,10 +266,15 @@ def eval_app(cfg: DictConfig) -> None:
             print(f"posbench: skipped {run_dir}: eval.rope_scaling={cfg.eval.rope_scaling} "
                   f"applies to {'RoPE-rotated' if remap else 'rotary'} encodings, not to "
                   f"encoding={cfg.encoding.name}")
+            _skipped.append(run_dir)
             return
         check(cfg)
         set_threads(parallel_jobs())
-        reevaluate(cfg, run_dir)
+        record = reevaluate(cfg, run_dir, quiet=hc[EVAL_FOLDER])
+        if record is None:
+            _skipped.append(run_dir)
+        else:
+            _rescored.append((run_dir, record))
     except PosbenchError as err:
         _job_error(err, 2)
 
@@ -502,20 +511,28 @@ def evaluate_runs(rest: list) -> None:
     runs, unfinished = eval_targets(rest)
     precheck(overrides, compose_run(runs[0]))
     folder = len(runs) > 1 or runs[0] != Path(rest[0]).resolve()
+    added = ["hydra.output_subdir=null", "hydra/job_logging=stdout", "hydra.job.name=eval",
+             f"+hydra.{EVAL_FOLDER}={str(folder).lower()}"]
+    if folder and not any(arg.startswith("hydra/hydra_logging=") for arg in overrides):
+        added.append("hydra/hydra_logging=disabled")  # its launch lines repeat ours, per run
     _job_errors.clear()
+    _rescored.clear()
+    _skipped.clear()
     with tempfile.TemporaryDirectory(prefix="posbench-eval-") as scratch:
         for run_dir in runs:
             sys.argv = ["posbench eval", f"--config-path={saved_config_dir(run_dir, scratch)}",
                         "--config-name=config", *hydra_argv(overrides, [
                             f"hydra.run.dir={hydra_quoted(scratch)}",
-                            f"hydra.sweep.dir={hydra_quoted(scratch)}",
-                            "hydra.output_subdir=null", "hydra/job_logging=stdout",
-                            "hydra.job.name=eval", f"+hydra.{EVAL_RUN}={hydra_quoted(str(run_dir))}",
-                            f"+hydra.{EVAL_FOLDER}={str(folder).lower()}"])]
+                            f"hydra.sweep.dir={hydra_quoted(scratch)}", *added,
+                            f"+hydra.{EVAL_RUN}={hydra_quoted(str(run_dir))}"])]
             eval_app()
     for line in unfinished:
         print(line)
     if folder:
+        from posbench.runs.rescore import summary_lines
+
+        print("\n".join(summary_lines(_rescored, len(_skipped), len(_job_errors),
+                                      Path(rest[0]).resolve())))
         print(f"posbench: compare them with `posbench report {rest[0]}`")
     if _job_errors:
         sys.exit(max(_job_errors))

@@ -4,6 +4,7 @@ keys, each re-score named by what it changed (files, table, plot, wandb run), a 
 settings through `posbench train`."""
 import csv
 import json
+import shutil
 
 import pytest
 import yaml
@@ -48,10 +49,12 @@ def test_one_command_rescores_every_run_of_a_sweep_named_by_what_it_changed(swee
         for name in ("curve", "per_position"):
             assert (rope / f"{name}.eval-rope_scaling-{scaling}.csv").is_file()
         assert (rope / f"ppl_vs_length.eval-rope_scaling-{scaling}.png").stat().st_size > 0
-        # its table names the change and the protocol
-        assert f"rope re-scored (rope_scaling={scaling}): trained at 32" in proc.stdout
+        # its table, in its own output file: it names the change and the protocol
+        output = (rope / f"output.eval-rope_scaling-{scaling}.log").read_text()
+        assert f"rope re-scored (rope_scaling={scaling}): trained at 32" in output
+        assert f"wrote {rope / f'results.eval-rope_scaling-{scaling}.json'}" in output
     assert "protocol nonoverlapping, 256 tokens per length, rope_scaling yarn (dynamic)" in (
-        proc.stdout)
+        (rope / "output.eval-rope_scaling-yarn.log").read_text())
     # unchanged settings and non-rotary encodings are skipped, each in one line
     assert proc.stdout.count("no eval key differs from the run's own") == 2
     assert f"skipped {alibi}: eval.rope_scaling=pi applies to rotary encodings" in proc.stdout
@@ -61,6 +64,30 @@ def test_one_command_rescores_every_run_of_a_sweep_named_by_what_it_changed(swee
         assert all(files(job)[path] == blob for path, blob in before[job].items())
         assert not (job / "multirun.yaml").exists() and not (job / ".hydra" / "multirun.yaml").exists()
     assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == [rope.name, alibi.name]
+
+
+def test_a_folder_rescore_prints_a_line_per_run_and_one_summary_table(sweep, tmp_path):
+    _, folder, *_ = sweep
+    shutil.copytree(folder, tmp_path / "sweep")
+    lengths = "eval.lengths=[32,48,64,96,128,160,192,256]"  # a table of 8 rows per run before
+    proc = posbench_cli("eval", "sweep", "-m", lengths, cwd=tmp_path)
+    lines = (proc.stdout + proc.stderr).splitlines()
+    assert len(lines) <= 15, proc.stdout + proc.stderr
+    tag = change_tag({"eval.lengths": [32, 48, 64, 96, 128, 160, 192, 256]})
+    for job, encoding in (("0_encoding-rope", "rope"), ("1_encoding-alibi", "alibi")):
+        run_dir = tmp_path / "sweep" / job
+        # a progress line as each run starts, and its row in the summary
+        assert sum(line.startswith(f"posbench: re-scoring {run_dir} ") for line in lines) == 1
+        (row,) = [line for line in lines if line.startswith(f"  {job} ")]
+        ppl = [p["ppl"] for p in results(run_dir)["eval"]["curve"]]
+        record = json.loads((run_dir / f"results.eval-{tag}.json").read_text())
+        curve = {p["length"]: p["ppl"] for p in record["eval"]["curve"]}
+        assert f"{curve[32]:.2f}" in row and f"{curve[256]:.2f} at 256" in row, (row, ppl)
+        # the run's own table stays in its output file
+        output = (run_dir / f"output.eval-{tag}.log").read_text()
+        assert f"{encoding} re-scored (lengths=[32,48,64,96,128,160,192,256])" in output
+        assert output.count("\n     160 ") == 1
+    assert "posbench eval: 2 re-scores written, 0 skipped" in proc.stdout
 
 
 def test_a_rescore_is_a_wandb_run_of_its_own_in_the_training_runs_group(sweep):
@@ -203,7 +230,8 @@ def test_a_distance_remap_rescores_rope_and_skips_what_it_does_not_apply_to(swee
     record = json.loads((rope / "results.eval-rope_scaling-shifted_rope_rope_shift-12.json")
                         .read_text())
     assert record["eval"]["rope_remap"] == {"near": 12, "window": 2, "shift": 12, "factor": None}
-    assert "rope_scaling shifted_rope (near 12, window 2, shift 12)" in proc.stdout
+    assert "rope_scaling shifted_rope (near 12, window 2, shift 12)" in (
+        rope / "output.eval-rope_scaling-shifted_rope_rope_shift-12.log").read_text()
 
 
 def test_a_run_saved_before_newer_keys_existed_is_skipped_rescored_and_extended(
