@@ -146,6 +146,16 @@ class Section(Evaluation):
         """Its files beside results.json, from its result (`stem`: "" for the run's own,
         ".eval-<change>" for a re-score's)."""
 
+    @classmethod
+    def summary_lines(cls, result, label: str) -> List[str]:
+        """What the run's printed summary shows of its result (`label`: the run's name)."""
+        return []
+
+    @classmethod
+    def length_metrics(cls, result) -> Dict[int, Dict[str, Any]]:
+        """Per eval length, the scalars that join that length's wandb row (eval/<key>)."""
+        return {}
+
 
 _REGISTRY = Registry(Evaluation)
 

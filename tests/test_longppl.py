@@ -1,0 +1,259 @@
+"""eval.longppl: key tokens and LongPPL against a float64 oracle that runs one forward per target
+on its exact short context, the evaluator run, refusals, and the CLI (train and re-score)."""
+import copy
+import json
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import posbench
+from helpers import posbench_cli, results, run_in_process
+from posbench.data import prepare
+from posbench.evaluations.longppl import LongPPL, choose_keys, window_rows
+from posbench.model.transformer import build_model
+
+TINY = ["model.n_layer=2", "model.d_model=32", "model.n_head=2", "device=cpu"]
+CPU = torch.device("cpu")
+
+
+def setup(overrides, seed=0):
+    cfg = posbench.compose([*TINY, *overrides])
+    data = prepare(cfg.dataset)
+    torch.manual_seed(seed)
+    model = build_model(cfg, data.vocab_size).eval()
+    return cfg, data, model
+
+
+def oracle_losses(model, data, plan, trunc, block):
+    """Per window, float64 losses of every target: with the whole window, and with its short
+    context alone (one forward per target on exactly those tokens, the first replaced by BOS
+    under dataset.bos); NaN where the target is not scored or its short context starts at the
+    window's start (is its long one)."""
+    model = copy.deepcopy(model).double()
+    n, bos = plan.length, data.bos
+    long, short = [], []
+    for s in plan.starts:
+        row = torch.from_numpy(np.asarray(data.tokens[s:s + n + 1]).astype(np.int64))
+        if bos is not None:
+            row[0] = bos
+        with torch.no_grad():
+            logits = model(row[None, :-1])[0]
+            long.append(F.cross_entropy(logits, row[1:], reduction="none"))
+            line = torch.full((n,), math.nan, dtype=torch.float64)
+            for p in range(max(trunc, plan.first), n):  # target row[p + 1]
+                start = (p - trunc + 1) // block * block  # block 1: p - trunc + 1
+                if start == 0:
+                    continue
+                context = row[start:p + 1].clone()
+                if bos is not None:
+                    context[0] = bos
+                line[p] = F.cross_entropy(model(context[None])[0, -1], row[p + 1])
+            short.append(line)
+    return torch.stack(long), torch.stack(short)
+
+
+def rule(long, short, alpha, beta):
+    """LongPPL's find_key_token: loss_short - loss_long > alpha and loss_long < beta."""
+    return ((short - long) > alpha) & (long < beta)
+
+
+def split(values, lo, hi):
+    """A threshold between two of the values, inside their [lo, hi] quantiles, at the middle of
+    the widest gap there: no value sits near it."""
+    v = values.sort().values
+    a, b = int(lo * len(v)), int(hi * len(v))
+    i = a + int(torch.diff(v[a:b + 1]).argmax())
+    return float((v[i] + v[i + 1]) / 2)
+
+
+def thresholds(long, short):
+    """An alpha and a beta that split the eligible targets into key tokens and others."""
+    ok = ~torch.isnan(short)
+    return split((short - long)[ok], 0.5, 0.8), split(long[ok], 0.5, 0.9)
+
+
+def borderline(long, short, alpha, beta, eps=1e-4):
+    return (((short - long) - alpha).abs() < eps) | ((long - beta).abs() < eps)
+
+
+@pytest.mark.parametrize("overrides, block, windows", [
+    ([], 1, 3),  # nonoverlapping: every target scored
+    (["dataset.bos=true", "eval.protocol=sliding", "eval.stride=12"], 3, 12),  # from 36 on
+])
+def test_key_tokens_and_longppl_match_a_brute_force_oracle(overrides, block, windows):
+    cfg, data, model = setup(["train.seq_len=16", "eval.lengths=[16,48]", "eval.tokens=144",
+                              "eval.longppl.enabled=true", "eval.longppl.trunc_len=12",
+                              f"eval.longppl.block={block}", "eval.batch_tokens=100",
+                              *overrides])
+    section = LongPPL(LongPPL.config(cfg), cfg, data)
+    plan = section.plans[-1]
+    assert (plan.length, plan.count) == (48, windows)
+    long, short = oracle_losses(model, data, plan, 12, block)
+    alpha, beta = thresholds(long, short)
+    assert 0 < alpha
+    section.cfg.alpha, section.cfg.beta = alpha, beta
+    expected = rule(long, short, alpha, beta)
+    assert 0 < int(expected.sum()) < int((~torch.isnan(short)).sum())
+
+    found = choose_keys(model, window_rows(plan), plan.first, section.cfg, 12, data.bos, 100,
+                        CPU)
+    unsure = borderline(long, short, alpha, beta)
+    assert not unsure.any()
+    assert torch.equal(found & ~unsure, expected & ~unsure)
+
+    result = section.run(model, CPU)
+    at_16, point = result["by_length"]
+    first_16 = section.plans[0].first
+    assert at_16["eligible"] == section.plans[0].count * max(0, 16 - max(11 + block, first_16))
+    assert point["key_tokens"] == int(expected.sum())
+    assert point["tokens"] == windows * (48 - plan.first)
+    assert point["eligible"] == windows * (48 - max(11 + block, plan.first))
+    assert point["eligible"] == int((~torch.isnan(short)).sum())
+    assert point["fraction"] == pytest.approx(point["key_tokens"] / point["tokens"])
+    assert point["longppl"] == pytest.approx(math.exp(long[expected].mean().item()), rel=1e-5)
+    assert point["ppl"] == pytest.approx(math.exp(long[:, plan.first:].mean().item()), rel=1e-5)
+    assert result["trunc_len"] == 12 and result["block"] == block and result["evaluator"] is None
+
+
+def test_no_key_tokens_is_null_and_a_count_of_0_and_short_lengths_have_none():
+    cfg, data, model = setup(["train.seq_len=16", "eval.lengths=[16,32]", "eval.tokens=64",
+                              "eval.longppl.enabled=true", "eval.longppl.alpha=50"])
+    points = LongPPL(LongPPL.config(cfg), cfg, data).run(model, CPU)["by_length"]
+    assert [(p["length"], p["eligible"], p["key_tokens"], p["longppl"], p["fraction"])
+            for p in points] == [(16, 0, 0, None, 0.0), (32, 2 * 16, 0, None, 0.0)]
+    lines = LongPPL.summary_lines({"by_length": points, "alpha": 50.0, "beta": 2.0,
+                                   "trunc_len": 16, "evaluator": None}, "rope")
+    assert lines[-1].startswith("| rope |") and "null (0)" in lines[-1]
+    assert LongPPL.length_metrics({"by_length": points})[32] == {
+        "eval/longppl": None, "eval/longppl_key_tokens": 0, "eval/longppl_fraction": 0.0}
+
+
+TOY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.steps=3",
+       "train.batch_size=2", "train.seq_len=32", "train.warmup_steps=1", "eval.lengths=[32,64]",
+       "eval.tokens=256", "device=cpu"]
+KEYS = ["eval.longppl.alpha=0", "eval.longppl.beta=100", "eval.longppl.trunc_len=16"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A run trained through the CLI with eval.longppl enabled, and a second (ALiBi) without."""
+    root = tmp_path_factory.mktemp("longppl")
+    proc = posbench_cli("train", *TOY, "eval.longppl.enabled=true", *KEYS, "hydra.run.dir=judge",
+                        cwd=root)
+    posbench_cli("train", *TOY, "encoding=alibi", "hydra.run.dir=other", cwd=root)
+    return root, proc
+
+
+def test_train_records_longppl_by_length_and_prints_it(trained):
+    root, proc = trained
+    record = results(root / "judge")
+    r = record["eval"]["longppl"]
+    assert (r["alpha"], r["beta"], r["trunc_len"], r["block"], r["evaluator"]) == (
+        0.0, 100.0, 16, 1, None)
+    curve = {p["length"]: p["ppl"] for p in record["eval"]["curve"]}
+    assert [p["length"] for p in r["by_length"]] == [32, 64]
+    for p in r["by_length"]:
+        assert p["ppl"] == pytest.approx(curve[p["length"]], rel=1e-4)
+        assert p["eligible"] == 256 // p["length"] * (p["length"] - 16)
+        assert 0 < p["key_tokens"] <= p["eligible"]  # alpha 0: the long context helps at all
+        assert p["longppl"] == pytest.approx(math.exp(p["loss"]))
+        assert p["fraction"] == pytest.approx(p["key_tokens"] / p["tokens"])
+    assert "longppl: length 64 (2/2)" in proc.stderr
+    assert (root / "judge" / "longppl_vs_length.png").stat().st_size > 0
+
+
+def test_an_evaluator_run_chooses_the_key_tokens_for_another(trained, monkeypatch, capsys):
+    root, _ = trained
+    from posbench.runs.run import trained_model
+
+    judge = trained_model(root / "judge").model
+    other = trained_model(root / "other")
+    cfg = posbench.compose([*TOY, "encoding=alibi", "eval.longppl.enabled=true", *KEYS,
+                            f"eval.longppl.evaluator={root / 'judge'}"])
+    data = prepare(cfg.dataset)
+    section = LongPPL(LongPPL.config(cfg), cfg, data)
+    plan = section.plans[-1]
+    long_judge, short = oracle_losses(judge, data, plan, 16, 1)
+    expected = rule(long_judge, short, 0.0, 100.0)
+    # the judge's choice, in float32: the oracle's but for targets within 1e-4 of alpha
+    keys = choose_keys(judge, window_rows(plan), plan.first, section.cfg, 16, None, 16384, CPU)
+    unsure = borderline(long_judge, short, 0.0, 100.0)
+    assert torch.equal(keys & ~unsure, expected & ~unsure) and int(unsure.sum()) < 5
+    long_other, _ = oracle_losses(other.model, data, plan, 16, 1)
+    point = section.run(other.model, CPU)["by_length"][-1]
+    assert point["key_tokens"] == int(keys.sum()) > 0
+    assert point["longppl"] == pytest.approx(math.exp(long_other[keys].mean().item()), rel=1e-5)
+
+    # the judge judging itself as an evaluator run is the judge's own LongPPL (evaluator null)
+    own = results(root / "judge")["eval"]["longppl"]["by_length"]
+    cfg_self = posbench.compose([*TOY, "eval.longppl.enabled=true", *KEYS,
+                                 f"eval.longppl.evaluator={root / 'judge'}"])
+    as_evaluator = LongPPL(LongPPL.config(cfg_self), cfg_self, data).run(judge, CPU)["by_length"]
+    assert [p["key_tokens"] for p in as_evaluator] == [p["key_tokens"] for p in own]
+    assert [p["longppl"] for p in as_evaluator] == pytest.approx([p["longppl"] for p in own],
+                                                                 rel=1e-6)
+
+    # through the CLI: a re-score of the ALiBi run with the judge's key tokens
+    proc = posbench_cli("eval", "other", "eval.longppl.enabled=true", *KEYS,
+                        "eval.longppl.evaluator=judge", cwd=root)
+    (path,) = (root / "other").glob("results.eval-*.json")
+    rescored = json.loads(path.read_text())["eval"]["longppl"]
+    assert rescored["evaluator"] == "judge"
+    assert rescored["by_length"][-1]["key_tokens"] == point["key_tokens"]
+    assert rescored["by_length"][-1]["longppl"] == pytest.approx(point["longppl"], rel=1e-5)
+    assert "longppl: length 64" in proc.stderr
+    assert list((root / "other").glob("longppl_vs_length.eval-*.png"))
+
+
+def refused(argv, monkeypatch, capsys, cwd):
+    monkeypatch.chdir(cwd)
+    proc = run_in_process(["train", *argv, "hydra.run.dir=refused"], monkeypatch, capsys)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert not (cwd / "refused" / "results.json").exists()
+    return lines[0]
+
+
+@pytest.mark.parametrize("override, refusal", [
+    ("eval.longppl.alpha=-1", "eval.longppl.alpha=-1.0 is not accepted; expected a finite number "
+     "of nats >= 0"),
+    ("eval.longppl.beta=0", "eval.longppl.beta=0.0 is not accepted; expected a finite number of "
+     "nats > 0"),
+    ("eval.longppl.trunc_len=0", "eval.longppl.trunc_len=0 is not accepted; expected an integer "
+     ">= 1 below the longest evaluated length 64"),
+    ("eval.longppl.trunc_len=64", "eval.longppl.trunc_len=64 is not accepted"),
+    ("eval.longppl.block=0", "eval.longppl.block=0 is not accepted; expected a positive integer"),
+    ("eval.lengths=[32]", "eval.longppl.trunc_len=null is not accepted with eval.lengths up to "
+     "32: null is the training length 32"),
+    ("eval.longppl.evaluator=nowhere", "eval.longppl.evaluator='nowhere' is not accepted: it "
+     "holds no finished run"),
+])
+def test_impossible_values_are_refused_in_one_line(tmp_path, monkeypatch, capsys, override,
+                                                   refusal):
+    line = refused([*TOY, "eval.longppl.enabled=true", override], monkeypatch, capsys, tmp_path)
+    assert refusal in line, line
+
+
+@pytest.mark.parametrize("edit, refusal", [
+    (lambda r: r["config"]["dataset"].update(tokenizer="gpt2"), "(tokenizer gpt2, bos False"),
+    (lambda r: r["config"]["dataset"].update(name="tinyshakespeare"), "dataset tinyshakespeare"),
+    (lambda r: r["dataset"].update(fingerprint="sha256:0"), "fingerprint sha256:0"),
+    (lambda r: r.update(status="failed"), "it holds no finished run"),
+])
+def test_an_evaluator_of_another_corpus_or_tokenizer_is_refused(trained, tmp_path, monkeypatch,
+                                                                capsys, edit, refusal):
+    root, _ = trained
+    shutil.copytree(root / "judge", tmp_path / "judge")
+    record = results(tmp_path / "judge")
+    edit(record)
+    (tmp_path / "judge" / "results.json").write_text(json.dumps(record))
+    line = refused([*TOY, "eval.longppl.enabled=true", "eval.longppl.evaluator=judge"],
+                   monkeypatch, capsys, tmp_path)
+    assert line.startswith("posbench: eval.longppl.evaluator='judge' is not accepted") or \
+        "eval.longppl.evaluator='judge' is not accepted" in line, line
+    assert refusal in line, line
