@@ -47,7 +47,9 @@ USAGE = """usage: posbench <verb> [args]
   inspect RUN_DIR [--lengths L1,L2]
                              plots that explain a run (learned positions' PCA, attention mass by
                              lag per head) into RUN_DIR; lengths default to train length and 4x
-  report DIR                 table, ppl_vs_length.png, report.html over every run below DIR
+  report DIR [--protocol NAME]
+                             table, ppl_vs_length.png, report.html over every run below DIR
+                             (--protocol: only the results scored with that eval.protocol)
   reproduce --list | NAME [overrides] [--dry-run] | NAME --report DIR
                              a published result re-run as a sweep (outputs/reproduce/NAME) and
                              judged claim by claim beside the paper's numbers (docs/reproduce.md)
@@ -708,6 +710,18 @@ def lengths_option(args: list):
     return [int(n) for n in text.split(",")]
 
 
+def report_args(rest: list) -> Tuple[Path, Optional[str]]:
+    """`DIR [--protocol NAME]` (or --protocol=NAME) -> (DIR, NAME or None)."""
+    args = list(rest)
+    if len(args) == 2 and args[1].startswith("--protocol="):
+        args[1:] = ["--protocol", args[1].removeprefix("--protocol=")]
+    if len(args) == 1 or len(args) == 3 and args[1] == "--protocol" and args[2]:
+        return Path(args[0]), args[2] if len(args) == 3 else None
+    raise ConfigError("posbench report needs one folder" + (f", not {shlex.join(rest)!r}"
+                                                             if rest else "")
+                      + "; expected `posbench report DIR [--protocol NAME]`")
+
+
 def verb_usage(verb: str) -> str:
     """`verb`'s entry of USAGE, its continuation lines with it."""
     entries = re.split(r"\n(?=  \S)", USAGE.split("\n\n", 1)[1])
@@ -773,11 +787,9 @@ def run_verb(verb: str, rest: list) -> None:
 
         inspect_run(run_dir, lengths_option(rest[1:]))
     elif verb == "report":
-        if len(rest) != 1:
-            raise ConfigError("posbench report needs one folder; expected `posbench report DIR`")
         from posbench.reports.report import write_report
 
-        write_report(Path(rest[0]))
+        write_report(*report_args(rest))
     elif verb == "reproduce":
         from posbench.reproduce.command import reproduce
 

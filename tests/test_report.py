@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from helpers import wandb_summary
+from helpers import run_in_process, wandb_summary
 from posbench.reports.report import t95, write_report
 
 
@@ -221,3 +221,44 @@ def test_every_table_of_the_summary_lists_the_groups_in_one_order(tmp_path):
     assert len(tables) >= 4  # perplexity, accuracy, effective length, throughput
     assert tables[0] == ["alibi", "nope", "rope"]
     assert all(table == tables[0] for table in tables), tables
+
+
+def protocol_record(name, protocol, ppls):
+    record = run_record(name, 0, ppls, eval={"protocol": protocol})
+    record["eval"]["protocol"] = protocol
+    return record
+
+
+def test_a_folder_of_several_protocols_says_so_and_reports_one_on_request(
+        tmp_path, monkeypatch, capsys):
+    # sliding windows score each token with more context: lower perplexity, whatever the encoding
+    write(tmp_path, "0_rope", protocol_record("rope", "nonoverlapping", {32: 4.0, 128: 8.0}))
+    write(tmp_path, "1_alibi", protocol_record("alibi", "nonoverlapping", {32: 4.4, 128: 4.8}))
+    write(tmp_path, "2_rope", protocol_record("rope", "sliding", {32: 3.0, 128: 6.0}))
+
+    bad = run_in_process(["report", str(tmp_path), "--protocol", "slidng"], monkeypatch, capsys)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    assert "'slidng'" in bad.stderr and "nonoverlapping, sliding" in bad.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0_rope", "1_alibi", "2_rope"]
+
+    write_report(tmp_path)
+    summary = (tmp_path / "summary.md").read_text()
+    (note,) = [line for line in summary.splitlines() if "2 protocols" in line]
+    assert "nonoverlapping (2 groups), sliding (1 group)" in note
+    assert f"`posbench report {tmp_path} --protocol NAME`" in note
+    rows = summary_rows(tmp_path)
+    # the gap at the training length compares groups of one protocol: rope is the best of its
+    sliding = [label for label, n in rows if "sliding" in label and n == 32]
+    assert len(sliding) == 1
+    assert float(rows[(sliding[0], 32)]["train_length_gap"]) == 0.0
+    nonoverlapping = [label for label, n in rows if label.startswith("rope") and n == 32
+                      and label != sliding[0]]
+    assert float(rows[(nonoverlapping[0], 32)]["train_length_gap"]) == 0.0
+
+    proc = run_in_process(["report", str(tmp_path), "--protocol=sliding"], monkeypatch, capsys)
+    assert proc.returncode == 0, proc.stderr
+    assert {label for label, _ in summary_rows(tmp_path)} == {sliding[0]}
+    summary = (tmp_path / "summary.md").read_text()
+    assert summary.startswith("# posbench report: 1 runs (eval.protocol=sliding only; 2 results "
+                              "of other protocols left out)")
+    assert "2 protocols" not in summary

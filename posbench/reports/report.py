@@ -7,6 +7,9 @@ a second run with a seed its group already has is a repeat, counted once. Each r
 curve it re-scored; one that changed only eval.retrieval.* keys adds retrieval rows alone (its
 perplexity copies its original's). Task datasets add exact-match accuracy. Runs that failed,
 were interrupted, were refused at their start or left no results.json are listed.
+Perplexities of two eval.protocol values are not comparable (sliding windows give each token more
+context): a folder holding several says so in one line, the gap at the training length compares
+groups of one protocol, and `--protocol NAME` reports one alone.
 docs/design.md, "The report".
 """
 from __future__ import annotations
@@ -263,10 +266,15 @@ def _minutes(seconds: float) -> str:
     return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
 
 
-def write_report(root: Path) -> Dict[str, dict]:
+def protocol(record: dict) -> str:
+    return record["eval"].get("protocol", "?")
+
+
+def write_report(root: Path, only: Optional[str] = None) -> Dict[str, dict]:
     """summary.md, summary.csv, ppl_vs_length.png (accuracy_vs_length.png for tasks) and
     report.html, the page of them all (posbench/reports/html.py), in `root` from every run and
-    re-score below it. Returns each trained group's parity at the training length."""
+    re-score below it (`only`: those scored with that eval.protocol). Returns each trained
+    group's parity at the training length."""
     root = Path(root)
     if not root.is_dir():
         raise ConfigError(f"report dir {str(root)!r} is not accepted; expected a folder of runs")
@@ -274,18 +282,30 @@ def write_report(root: Path) -> Dict[str, dict]:
     if not any(r["_file"] == RESULTS for r in ok):
         raise ConfigError(f"report dir {str(root)!r} is not accepted: it holds no finished run "
                           f"({RESULTS} with status ok); expected a run or sweep folder")
+    present = sorted({protocol(r) for r in ok})
+    if only is not None and only not in present:
+        raise ConfigError(f"--protocol {only!r} is not accepted; expected one of the protocols "
+                          f"of the results in {str(root)!r}: {', '.join(present)}")
     groups, retrieval_rows, base_of, repeats = groups_of(ok)
+    left_out = 0
+    if only is not None:  # after grouping, so that labels stay those of the whole folder
+        groups = {k: v for k, v in groups.items() if protocol(v[0]) == only}
+        retrieval_rows = {k: v for k, v in retrieval_rows.items() if protocol(v[0]) == only}
+        left_out = len(ok) - sum(protocol(r) == only for r in ok)
+        ok = [r for r in ok if protocol(r) == only]
     tables = {m: aggregate(groups, m) for m in METRICS}
     tables = {m: t for m, t in tables.items() if t}
     train_of = {label: members[0]["train"]["seq_len"] for label, members in groups.items()}
-    protocol_of = {label: members[0]["eval"].get("protocol", "?")
-                   for label, members in groups.items()}
+    protocol_of = {label: protocol(members[0]) for label, members in groups.items()}
     train_lens = sorted(set(train_of.values()))
     seeds = max(s["n"] for by_length in tables["ppl"].values() for s in by_length.values())
     protocols = sorted(set(protocol_of.values()))
-    # parity compares training, so the re-scores, which change only evaluation, stay out
-    gaps = parity_gaps({k: v for k, v in tables["ppl"].items() if k not in base_of},
-                       {k: v for k, v in train_of.items() if k not in base_of})
+    # parity compares training, so the re-scores, which change only evaluation, stay out; and
+    # groups of one protocol only, as another protocol's perplexities differ by its windows
+    gaps = {}
+    for name in protocols:
+        gaps.update(parity_gaps({k: v for k, v in tables["ppl"].items()
+                                 if k not in base_of and protocol_of[k] == name}, train_of))
     throughput = {label: (_mean([r["train"].get("tokens_per_second") for r in members]),
                           _mean([r["train"].get("wall_seconds") for r in members]))
                   for label, members in groups.items() if label not in base_of}
@@ -317,10 +337,21 @@ def write_report(root: Path) -> Dict[str, dict]:
     band = f"; mean ± {BAND}" if seeds > 1 else ""
     rescored = len(ok) - sum(r["_file"] == RESULTS for r in ok)
     lines = [f"# posbench report: {len(ok) - rescored} runs"
-             + (f", {rescored} re-scores" if rescored else ""), "",
-             f"Perplexity by evaluation length (training length {', '.join(map(str, train_lens))}"
-             f"; protocol {', '.join(protocols)}){band}. A group with a change in parentheses is a "
-             "re-score of the group it names (`posbench eval`).", ""]
+             + (f", {rescored} re-scores" if rescored else "")
+             + (f" (eval.protocol={only} only; {left_out} results of other protocols left out)"
+                if only else ""), ""]
+    if len(protocols) > 1:
+        counts = [sum(p == name for p in protocol_of.values()) for name in protocols]
+        lines += [f"These groups were scored under {len(protocols)} protocols ("
+                  + ", ".join(f"{name} ({n} group{'s' * (n != 1)})"
+                              for name, n in zip(protocols, counts))
+                  + "), whose perplexities are not comparable with each other: the gap at train "
+                  f"length compares groups of one protocol; `posbench report {root} --protocol "
+                  "NAME` reports one alone.", ""]
+    lines += [f"Perplexity by evaluation length (training length "
+              f"{', '.join(map(str, train_lens))}; protocol {', '.join(protocols)}){band}. A "
+              "group with a change in parentheses is a re-score of the group it names "
+              "(`posbench eval`).", ""]
     lines += _markdown_table(tables["ppl"], 3, ratio_of=train_of, gaps=gaps)
     lines += ["", "Log-ppl growth past L, the headline: the mean over the evaluated lengths n > L "
               "of ln(ppl(n)/ppl(L)); 0 is no worse than at the training length L. "
