@@ -186,12 +186,42 @@ def train_app(cfg: DictConfig) -> None:
     run_job(cfg, Path(hc.runtime.output_dir), hc.mode == RunMode.MULTIRUN)
 
 
+def fit(cfg: DictConfig):
+    """The job's estimate, the memory it may use and where that number comes from, and why its
+    training cannot fit there (None when it can)."""
+    from posbench.core.device import resolve_device
+    from posbench.runs.estimate import available_memory, estimate, refusal
+
+    est = estimate(cfg, distributed.world_size())
+    room, source = available_memory(resolve_device(cfg.device))
+    return est, room, source, refusal(cfg, est, room, source)
+
+
+def refusing_what_cannot_fit(compose: Callable, argv: list) -> Callable:
+    """`compose` for precheck, refusing too, as run_job would, a single run whose training
+    cannot fit: Hydra creates its run dir (outputs/<date>/...) before the job starts, and a
+    refusal must leave no folder behind. A sweep's jobs are refused one by one (each job dir
+    keeps its refused.json for the report), and a run dir that exists already (a finished run
+    asked again is skipped or re-scored, never trained) is left to its job."""
+    run_dirs = [arg.split("=", 1)[1] for arg in argv if arg.startswith("hydra.run.dir=")]
+    if {"-m", "--multirun"} & set(argv) or run_dirs and Path(run_dirs[-1]).exists():
+        return compose
+
+    def composed(overrides: list) -> DictConfig:
+        cfg = compose(overrides)
+        refused = fit(cfg)[3]
+        if refused:
+            raise ConfigError(refused)
+        return cfg
+
+    return composed
+
+
 def run_job(cfg: DictConfig, run_dir: Path, multirun: bool) -> None:
     """train_app's job, and `posbench extend`'s with the extension's config."""
-    from posbench.runs.estimate import (available_memory, describe, estimate, eval_warning, gib,
-                                        refusal)
+    from posbench.runs.estimate import describe, eval_warning, gib
     from posbench.runs.loggers import wandb_group
-    from posbench.core.device import resolve_device, set_threads
+    from posbench.core.device import set_threads
     from posbench.runs.run import RunDir, RunFailed, train
 
     main_rank = distributed.is_main()
@@ -199,9 +229,7 @@ def run_job(cfg: DictConfig, run_dir: Path, multirun: bool) -> None:
         check(cfg)
         if _dry_run is not None:
             return _dry_run_job(cfg, run_dir.name if multirun else "run")
-        est = estimate(cfg, distributed.world_size())
-        room, source = available_memory(resolve_device(cfg.device))
-        refused = refusal(cfg, est, room, source)
+        est, room, source, refused = fit(cfg)
         run = RunDir(cfg, run_dir)
         if run.finished:
             return _finished_run(cfg, run_dir, run.finished)
@@ -576,7 +604,8 @@ def extend_runs(rest: list) -> None:
     record = finished_results(parent)
     encoding = record["encoding"]
     overrides = eval_overrides(rest[1:], "extend", ("train.", "eval."))
-    swept = precheck(overrides, compose_extension(parent, record["config"]))
+    swept = precheck(overrides, refusing_what_cannot_fit(
+        compose_extension(parent, record["config"]), overrides))
     given = {override_key(arg) for arg in overrides}
     defaults = {"hydra.run.dir": f"outputs/${{now:%Y-%m-%d}}/${{now:%H-%M-%S}}_{encoding}_extend",
                 "hydra.sweep.dir": "outputs/multirun/${now:%Y-%m-%d}/${now:%H-%M-%S}",
@@ -761,7 +790,9 @@ def run_verb(verb: str, rest: list) -> None:
     if verb == "train":
         dry = "--dry-run" in rest
         rest = [arg for arg in rest if arg != "--dry-run"]
-        swept = precheck(rest)
+        # a dry run lists the jobs that would be refused rather than refusing them
+        swept = precheck(rest, posbench.compose if dry else
+                         refusing_what_cannot_fit(posbench.compose, rest))
         # the keys it sweeps, which name the job dirs (posbench/core/resolvers.py)
         named = [f"+hydra.{SWEPT}=[{','.join(map(hydra_quoted, swept))}]"] if swept else []
         _job_errors.clear()

@@ -202,7 +202,8 @@ def test_each_step_is_evaluated_once_named_and_outside_the_training_time(
 
 
 @pytest.mark.parametrize("extra", [["train.seq_len=16"], ["train.lr=-1"],
-                                   ["-m", "train.rope_scaling=none,bogus"]])
+                                   ["-m", "train.rope_scaling=none,bogus"],
+                                   ["train.batch_size=1000000000"]])  # memory: petabytes
 def test_a_refused_extension_creates_no_folder(parent, extra, tmp_path):
     # Hydra makes outputs/<date>/... before the job starts: the refusal must come first
     proc = posbench_cli("extend", str(parent), *extra, cwd=tmp_path, ok=False)
