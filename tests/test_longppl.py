@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import posbench
-from helpers import posbench_cli, results, run_in_process
+from helpers import posbench_cli, results, run_in_process, wandb_history
 from posbench.data import prepare
 from posbench.evaluations.longppl import LongPPL, choose_keys, window_rows
 from posbench.model.transformer import build_model
@@ -125,8 +125,8 @@ def test_no_key_tokens_is_null_and_a_count_of_0_and_short_lengths_have_none():
     points = LongPPL(LongPPL.config(cfg), cfg, data).run(model, CPU)["by_length"]
     assert [(p["length"], p["eligible"], p["key_tokens"], p["longppl"], p["fraction"])
             for p in points] == [(16, 0, 0, None, 0.0), (32, 2 * 16, 0, None, 0.0)]
-    lines = LongPPL.summary_lines({"by_length": points, "alpha": 50.0, "beta": 2.0,
-                                   "trunc_len": 16, "evaluator": None}, "rope")
+    result = {"by_length": points, "alpha": 50.0, "beta": 2.0, "trunc_len": 16, "evaluator": None}
+    lines = LongPPL.summary_lines({"eval": {"longppl": result}}, "rope")
     assert lines[-1].startswith("| rope |") and "null (0)" in lines[-1]
     assert LongPPL.length_metrics({"by_length": points})[32] == {
         "eval/longppl": None, "eval/longppl_key_tokens": 0, "eval/longppl_fraction": 0.0}
@@ -143,7 +143,7 @@ def trained(tmp_path_factory):
     """A run trained through the CLI with eval.longppl enabled, and a second (ALiBi) without."""
     root = tmp_path_factory.mktemp("longppl")
     proc = posbench_cli("train", *TOY, "eval.longppl.enabled=true", *KEYS, "hydra.run.dir=judge",
-                        cwd=root)
+                        "logger=wandb", cwd=root)
     posbench_cli("train", *TOY, "encoding=alibi", "hydra.run.dir=other", cwd=root)
     return root, proc
 
@@ -166,6 +166,16 @@ def test_train_records_longppl_by_length_and_prints_it(trained):
     assert (root / "judge" / "longppl_vs_length.png").stat().st_size > 0
 
 
+def test_train_prints_longppl_in_its_summary_and_logs_it_to_wandb_by_length(trained):
+    root, proc = trained
+    by_length = {p["length"]: p for p in results(root / "judge")["eval"]["longppl"]["by_length"]}
+    assert "LongPPL" in proc.stdout and f"{by_length[64]['longppl']:.3f}" in proc.stdout
+    (run_file,) = (root / "judge").glob("wandb/offline-run-*/run-*.wandb")
+    rows = [r for r in wandb_history(run_file) if "eval/ppl" in r]
+    assert {r["eval/length"]: (r["eval/longppl"], r["eval/longppl_key_tokens"]) for r in rows} \
+        == {n: (p["longppl"], p["key_tokens"]) for n, p in by_length.items()}
+
+
 def test_an_evaluator_run_chooses_the_key_tokens_for_another(trained, monkeypatch, capsys):
     root, _ = trained
     from posbench.runs.run import trained_model
@@ -176,6 +186,7 @@ def test_an_evaluator_run_chooses_the_key_tokens_for_another(trained, monkeypatc
                             f"eval.longppl.evaluator={root / 'judge'}"])
     data = prepare(cfg.dataset)
     section = LongPPL(LongPPL.config(cfg), cfg, data)
+    section.load_trained = trained_model  # as evaluations.plan gives it in a run
     plan = section.plans[-1]
     long_judge, short = oracle_losses(judge, data, plan, 16, 1)
     expected = rule(long_judge, short, 0.0, 100.0)
@@ -192,7 +203,9 @@ def test_an_evaluator_run_chooses_the_key_tokens_for_another(trained, monkeypatc
     own = results(root / "judge")["eval"]["longppl"]["by_length"]
     cfg_self = posbench.compose([*TOY, "eval.longppl.enabled=true", *KEYS,
                                  f"eval.longppl.evaluator={root / 'judge'}"])
-    as_evaluator = LongPPL(LongPPL.config(cfg_self), cfg_self, data).run(judge, CPU)["by_length"]
+    section = LongPPL(LongPPL.config(cfg_self), cfg_self, data)
+    section.load_trained = trained_model
+    as_evaluator = section.run(judge, CPU)["by_length"]
     assert [p["key_tokens"] for p in as_evaluator] == [p["key_tokens"] for p in own]
     assert [p["longppl"] for p in as_evaluator] == pytest.approx([p["longppl"] for p in own],
                                                                  rel=1e-6)

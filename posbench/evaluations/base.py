@@ -93,6 +93,7 @@ class Evaluation:
     name: ClassVar[str] = ""  # set by register
     description: ClassVar[str] = ""
     key: ClassVar[str] = ""  # where results.json's eval keeps its result
+    load_trained = None  # set by plan(): the loader of another finished run's model
 
     @classmethod
     def config(cls, run_cfg):
@@ -147,8 +148,9 @@ class Section(Evaluation):
         ".eval-<change>" for a re-score's)."""
 
     @classmethod
-    def summary_lines(cls, result, label: str) -> List[str]:
-        """What the run's printed summary shows of its result (`label`: the run's name)."""
+    def summary_lines(cls, record: dict, label: str) -> List[str]:
+        """What the run's printed summary shows of its result (record: the run's results.json,
+        which holds it under eval.<name>; label: the run's name)."""
         return []
 
     @classmethod
@@ -195,11 +197,16 @@ def _eval_schema(with_sections: tuple) -> type:
         bases=(EvalConfig,))
 
 
-def plan(run_cfg, data) -> List[Evaluation]:
-    """The evaluations the run's config asks for, planned on its data (protocol first)."""
+def plan(run_cfg, data, load_trained=None) -> List[Evaluation]:
+    """The evaluations the run's config asks for, planned on its data (protocol first).
+    load_trained(run_dir, device): the runs layer's loader of a finished run's model, for an
+    evaluation that scores with another run (an evaluator); this package sits below it."""
     chosen = sorted((e.cls for e in registry().values() if e.cls.selected(run_cfg)),
                     key=lambda cls: issubclass(cls, Section))
-    return [cls(cls.config(run_cfg), run_cfg, data) for cls in chosen]
+    planned = [cls(cls.config(run_cfg), run_cfg, data) for cls in chosen]
+    for evaluation in planned:
+        evaluation.load_trained = load_trained
+    return planned
 
 
 def run(evaluations: List[Evaluation], model, device: torch.device) -> Dict[str, Any]:

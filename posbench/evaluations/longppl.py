@@ -287,9 +287,7 @@ class LongPPL(Section):
         the run's model and None when evaluator is null."""
         if self.cfg.evaluator is None:
             return model, None
-        from posbench.runs.run import trained_model  # runs/ imports this package
-
-        loaded = trained_model(Path(self.cfg.evaluator), device)
+        loaded = self.load_trained(Path(self.cfg.evaluator), device)
         theirs, ours = loaded.model.head.out_features, model.head.out_features
         if theirs != ours:
             raise ConfigError(f"eval.longppl.evaluator={self.cfg.evaluator!r} is not accepted: "
@@ -347,8 +345,8 @@ class LongPPL(Section):
                           f"{result['beta']:g}")
 
     @classmethod
-    def summary_lines(cls, result: dict, label: str) -> List[str]:
-        return report_lines([{"eval": {cls.name: result}}], {0: label})
+    def summary_lines(cls, record: dict, label: str) -> List[str]:
+        return report_lines([record], {0: label})
 
     @classmethod
     def length_metrics(cls, result: dict) -> Dict[int, dict]:

@@ -299,6 +299,10 @@ class Retrieval(Section):
     has_effective_length = True
 
     @classmethod
+    def summary_lines(cls, record: dict, label: str) -> List[str]:
+        return report_lines([record], {0: label})
+
+    @classmethod
     def check(cls, cfg: RetrievalConfig, run_cfg) -> None:
         """Its keys, whether enabled or not, and train.retrieval_mix, which plants its passkeys
         in training sequences."""

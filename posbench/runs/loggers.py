@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
-from typing import List
+from typing import Dict, List, Optional
 
 import yaml
 
@@ -41,7 +41,8 @@ class NoLogger:
     def log(self, metrics: dict, step: int) -> None:
         pass
 
-    def log_curve(self, curve: List[dict], step: int) -> None:
+    def log_curve(self, curve: List[dict], step: int,
+                  per_length: Optional[Dict[int, dict]] = None) -> None:
         pass
 
     def finish(self, summary: dict) -> None:
@@ -84,12 +85,15 @@ class WandbLogger:
     def log(self, metrics: dict, step: int) -> None:
         self.run.log(metrics, step=step)
 
-    def log_curve(self, curve: List[dict], step: int) -> None:
-        """One row per evaluated length from `step` on, then the curve as a table."""
+    def log_curve(self, curve: List[dict], step: int,
+                  per_length: Optional[Dict[int, dict]] = None) -> None:
+        """One row per evaluated length from `step` on (with the sections' scalars of that
+        length, `per_length`), then the curve as a table."""
         points = [point for point in curve if "loss" in point]
         for i, point in enumerate(points):
             self.run.log({"eval/length": point["length"], "eval/loss": point["loss"],
-                          "eval/ppl": point["ppl"]}, step=step + i)
+                          "eval/ppl": point["ppl"], **(per_length or {}).get(point["length"], {})},
+                         step=step + i)
         columns = ["length", "loss", "ppl"]
         self.run.log({"eval/curve": self.wandb.Table(
             columns=columns, data=[[p.get(c) for c in columns] for p in curve])},

@@ -6,14 +6,13 @@ import io
 import json
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from posbench.config import EvalConfig, to_container
 from posbench.encodings.rope import remap_record
 from posbench.core.io import write_json, write_text
 from posbench.core.parity import ppl_at
 from posbench import evaluations
-from posbench.evaluations import retrieval
 from posbench.evaluations.perplexity import ppl_effective_length, protocol_of
 from posbench.core.plots import plot_curves, plot_per_position
 from posbench.core.version import __version__
@@ -143,6 +142,16 @@ def write_results(run_dir: Path, record: dict, name: str = RESULTS,
     write_json(run_dir / name, record)  # last: its presence means the run is complete
 
 
+def length_metrics(record: dict) -> Dict[int, dict]:
+    """Per evaluated length, the sections' scalars that join its wandb row."""
+    out: Dict[int, dict] = {}
+    for section in evaluations.sections():
+        if record["eval"].get(section.name):
+            for length, metrics in section.length_metrics(record["eval"][section.name]).items():
+                out.setdefault(length, {}).update(metrics)
+    return out
+
+
 def load_results(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 
@@ -185,6 +194,7 @@ def print_curve(record: dict) -> None:
             print(f"{p['length']:>8} {p['loss']:>8.4f} {p['ppl']:>9.3f}{exact}{mark}")
         else:
             print(f"{p['length']:>8} {p['status']:>8}")
-    if record["eval"].get("retrieval"):  # the tables a sweep's report prints, for this run
-        label = record["encoding"] + (f" ({changed})" if changed else "")
-        print("\n".join(retrieval.report_lines([record], {0: label})))
+    label = record["encoding"] + (f" ({changed})" if changed else "")
+    for section in evaluations.sections():  # the tables a sweep's report prints, for this run
+        if record["eval"].get(section.name):
+            print("\n".join(section.summary_lines(record, label)))

@@ -41,7 +41,8 @@ from posbench.evaluations.retrieval import training_mix
 from posbench.core.io import FileLock, LockHeld, write_json
 from posbench.runs.loggers import NoLogger, make_logger
 from posbench.model.transformer import build_model
-from posbench.runs.results import RESULTS, load_results, print_curve, results_record, write_results
+from posbench.runs.results import (RESULTS, length_metrics, load_results, print_curve,
+                                   results_record, write_results)
 from posbench.runs.train import Progress, fit
 from posbench.core.version import __version__
 
@@ -135,7 +136,7 @@ def prepare_run(cfg: DictConfig):
                           f"{distributed.world_size()} processes; expected a multiple of it")
     data = prepare(cfg.dataset)
     data.check_train_len(cfg.train.seq_len)
-    return device, data, evaluations.plan(cfg, data)
+    return device, data, evaluations.plan(cfg, data, load_trained=trained_model)
 
 
 @dataclass
@@ -314,7 +315,8 @@ def run_started(cfg: DictConfig, run_dir: Path, group: str, name: str, start: St
         raise record_failure(cfg, start, run_dir, progress, err, again) from err
     except KeyboardInterrupt as err:  # recorded like a failure, but it stops a sweep too
         raise Interrupted(str(record_failure(cfg, start, run_dir, progress, err, again))) from None
-    logger.log_curve(scores["curve"], step=cfg.train.steps + 1)  # after every training row
+    # after every training row
+    logger.log_curve(scores["curve"], step=cfg.train.steps + 1, per_length=length_metrics(record))
     logger.finish({"final_loss": summary["final_loss"],
                    "train_len_ppl": record["eval"]["train_len_ppl"],
                    **{f"effective_length/{k}": v
