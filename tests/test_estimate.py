@@ -116,7 +116,7 @@ def test_a_step_is_measured_once_per_shape_under_the_jobs_threads(monkeypatch):
 
     monkeypatch.setattr(training, "train_step", counted)
     monkeypatch.setattr(estimates, "_step_seconds", {})
-    before = torch.get_num_threads()
+    before, rng = torch.get_num_threads(), torch.get_rng_state()
     cpu = torch.device("cpu")
     for seed, total in ((0, 100), (1, 5000)):  # seeds and lengths of training share a shape
         cfg = posbench.compose([*TINY, "train.batch_size=2", f"seed={seed}",
@@ -124,7 +124,8 @@ def test_a_step_is_measured_once_per_shape_under_the_jobs_threads(monkeypatch):
         assert 0 < estimates.step_seconds(cfg, cpu, 2) < 5
     measured = len(steps)
     assert 2 <= measured <= 1 + estimates.MEASURED_STEPS and set(threads) == {2}
-    assert torch.get_num_threads() == before  # the caller's threads are left as they were
+    # the caller's threads and random state are left as they were
+    assert torch.get_num_threads() == before and torch.equal(torch.get_rng_state(), rng)
     estimates.step_seconds(posbench.compose([*TINY, "train.batch_size=4"]), cpu, 2)
     assert len(steps) > measured  # another batch is another shape
 
