@@ -631,7 +631,7 @@ def launcher_jobs(args: list) -> int:
     if "hydra/launcher=joblib" not in args:
         return 1
     given = [arg.split("=", 1)[1] for arg in args if arg.startswith("hydra.launcher.n_jobs=")]
-    return int(given[-1]) if given else -1
+    return int(given[-1]) if given and given[-1].lstrip("-").isdigit() else -1
 
 
 def dry_run(rest: list, named: list) -> None:
