@@ -126,7 +126,7 @@ def test_no_key_tokens_is_null_and_a_count_of_0_and_short_lengths_have_none():
     assert [(p["length"], p["eligible"], p["key_tokens"], p["longppl"], p["fraction"])
             for p in points] == [(16, 0, 0, None, 0.0), (32, 2 * 16, 0, None, 0.0)]
     result = {"by_length": points, "alpha": 50.0, "beta": 2.0, "trunc_len": 16, "evaluator": None}
-    lines = LongPPL.summary_lines({"eval": {"longppl": result}}, "rope")
+    lines = LongPPL.report_lines([{"eval": {"longppl": result}}], {0: "rope"})
     assert lines[-1].startswith("| rope |") and "null (0)" in lines[-1]
     assert LongPPL.length_metrics({"by_length": points})[32] == {
         "eval/longppl": None, "eval/longppl_key_tokens": 0, "eval/longppl_fraction": 0.0}
@@ -174,6 +174,19 @@ def test_train_prints_longppl_in_its_summary_and_logs_it_to_wandb_by_length(trai
     rows = [r for r in wandb_history(run_file) if "eval/ppl" in r]
     assert {r["eval/length"]: (r["eval/longppl"], r["eval/longppl_key_tokens"]) for r in rows} \
         == {n: (p["longppl"], p["key_tokens"]) for n, p in by_length.items()}
+
+
+def test_a_report_over_the_runs_tables_longppl_for_the_runs_that_scored_it(trained, tmp_path):
+    root, _ = trained
+    folder = tmp_path / "runs"
+    for name in ("judge", "other"):
+        shutil.copytree(root / name, folder / name, ignore=shutil.ignore_patterns("wandb"))
+    posbench_cli("report", str(folder), cwd=tmp_path)
+    summary = (folder / "summary.md").read_text()
+    by_length = results(root / "judge")["eval"]["longppl"]["by_length"]
+    rows = [line for line in summary.splitlines() if f"{by_length[-1]['longppl']:.3f}" in line]
+    assert len(rows) == 1 and rows[0].startswith("| rope")  # the ALiBi run did not score it
+    assert "LongPPL: perplexity / perplexity on the key tokens only" in summary
 
 
 def test_an_evaluator_run_chooses_the_key_tokens_for_another(trained, monkeypatch, capsys):

@@ -148,9 +148,10 @@ class Section(Evaluation):
         ".eval-<change>" for a re-score's)."""
 
     @classmethod
-    def summary_lines(cls, record: dict, label: str) -> List[str]:
-        """What the run's printed summary shows of its result (record: the run's results.json,
-        which holds it under eval.<name>; label: the run's name)."""
+    def report_lines(cls, runs: List[dict], labels: Dict[int, str]) -> List[str]:
+        """summary.md's lines on the runs' results (results.json records, which hold it under
+        eval.<name> when it ran; labels: index -> group label); a run's printed summary shows
+        the same for the run alone."""
         return []
 
     @classmethod

@@ -345,8 +345,8 @@ class LongPPL(Section):
                           f"{result['beta']:g}")
 
     @classmethod
-    def summary_lines(cls, record: dict, label: str) -> List[str]:
-        return report_lines([record], {0: label})
+    def report_lines(cls, runs: List[dict], labels: dict) -> List[str]:
+        return report_lines(runs, labels)
 
     @classmethod
     def length_metrics(cls, result: dict) -> Dict[int, dict]:

@@ -299,8 +299,8 @@ class Retrieval(Section):
     has_effective_length = True
 
     @classmethod
-    def summary_lines(cls, record: dict, label: str) -> List[str]:
-        return report_lines([record], {0: label})
+    def report_lines(cls, runs: List[dict], labels: dict) -> List[str]:
+        return report_lines(runs, labels)
 
     @classmethod
     def check(cls, cfg: RetrievalConfig, run_cfg) -> None:

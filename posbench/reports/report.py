@@ -27,6 +27,7 @@ from hydra.experimental.callback import Callback
 from posbench.config import flatten
 from posbench.core.errors import ConfigError
 from posbench.core.io import write_text
+from posbench import evaluations
 from posbench.evaluations import retrieval
 from posbench.reports.html import PAGE, write_html
 from posbench.core.parity import UNDER_TRAINED, Gap, parity_gaps
@@ -373,7 +374,8 @@ def write_report(root: Path, only: Optional[str] = None) -> Dict[str, dict]:
     every_group = in_table_order({**groups, **retrieval_rows})
     grouped = [(label, run) for label, members in every_group.items() for run in members]
     members, member_labels = [run for _, run in grouped], dict(enumerate(l for l, _ in grouped))
-    lines += retrieval.report_lines(members, member_labels)
+    for section in evaluations.sections():
+        lines += section.report_lines(members, member_labels)
     lines += ["", "Training throughput (mean over seeds):", "",
               "| group | tokens/s | wall time (m:s) |", "|---|---:|---:|"]
     lines += [f"| {label} | " + (f"{tps:.0f}" if tps else "—") + " | "

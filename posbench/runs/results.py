@@ -197,4 +197,4 @@ def print_curve(record: dict) -> None:
     label = record["encoding"] + (f" ({changed})" if changed else "")
     for section in evaluations.sections():  # the tables a sweep's report prints, for this run
         if record["eval"].get(section.name):
-            print("\n".join(section.summary_lines(record, label)))
+            print("\n".join(section.report_lines([record], {0: label})))
