@@ -17,7 +17,7 @@ from posbench import data as datasets
 from posbench import evaluations
 from posbench.config import register_schemas
 from posbench.data import prepare
-from posbench.data.tasks import BOS, FIRST, SEP
+from posbench.data.tasks import BOS, FIRST, PAD, SEP
 from posbench.encodings import base as encodings
 from posbench.core.errors import ConfigError
 from posbench.runs.results import results_record
@@ -105,10 +105,10 @@ def test_the_task_example_answers_with_the_sorted_symbols(module):
     assert tokens.shape == (10, 41) and data.vocab_size == FIRST + 16
     for row, answer in zip(tokens, answers):
         k = (41 - 2) // 2
-        seq = row[len(row) - (2 * k + 2):]
-        assert seq[0] == BOS and seq[k + 1] == SEP
+        seq = row[:2 * k + 2]  # from position 0, padded after
+        assert seq[0] == BOS and seq[k + 1] == SEP and (row[2 * k + 2:] == PAD).all()
         assert np.array_equal(seq[k + 2:], np.sort(seq[1:k + 1]))
-        assert np.array_equal(np.flatnonzero(answer), np.arange(len(row) - k, len(row)))
+        assert np.array_equal(np.flatnonzero(answer), np.arange(k + 2, 2 * k + 2))
     with pytest.raises(ConfigError, match="eval.protocol"):
         posbench.compose(["dataset=task_sort", "eval.protocol=sliding", "eval.stride=8"])
 

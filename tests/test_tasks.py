@@ -23,14 +23,16 @@ def task_data(name):
 
 
 def instance(tokens, answers):
-    """The instance in a left-padded row, and the positions of its answers in it."""
-    start = int(np.flatnonzero(tokens != PAD)[0])
-    return tokens[start:], np.flatnonzero(answers[start:])
+    """The instance at the start of a row padded after it, and the positions of its answers."""
+    end = int(np.flatnonzero(tokens != PAD)[-1]) + 1
+    assert not (tokens[:end] == PAD).any() and not answers[end:].any()
+    return tokens[:end], np.flatnonzero(answers[:end])
 
 
 def test_every_task_is_registered_and_keeps_its_fingerprint():
     """The data's name in results.json, which a resume and a re-score compare: the task's name,
-    its generator and its parameters, as recorded since the first version of the tasks."""
+    its generator and its parameters, and the generators' version (2: padded after the
+    instance)."""
     assert TASKS == ["task_addition", "task_addition_msb", "task_copy", "task_copy_2x",
                      "task_copy_repeat", "task_copy_repeat_2x", "task_copy_replace",
                      "task_induction", "task_lego", "task_lego_perm", "task_parity", "task_poly",
@@ -53,7 +55,7 @@ def test_every_task_is_registered_and_keeps_its_fingerprint():
             "task_sort_single": "SortSingle(symbols=53)",
             "task_sum_mod": "SumMod(symbols=10, low=1, high=9, modulus=10)"}
     for name in TASKS:
-        digest = hashlib.sha256(f"{name},{spec[name]},version=1".encode()).hexdigest()
+        digest = hashlib.sha256(f"{name},{spec[name]},version=2".encode()).hexdigest()
         assert task_data(name).fingerprint == f"sha256:{digest}"
 
 
@@ -109,6 +111,7 @@ def test_train_batches_are_seeded_and_draw_every_size_up_to_the_length():
     assert x[:, 1:][trained].equal(y[:, :-1][trained])
     pads = (x == PAD).sum(1)
     assert pads.min() <= 1 and pads.max() > 20  # short and full-size instances
+    assert (x[:, 0] == BOS).all()  # every instance starts at position 0, its padding after it
 
 
 def test_task_lengths_out_of_reach_are_refused_with_the_key():

@@ -5,9 +5,12 @@ A task is a dataset (posbench/data/base.py) whose data is generated, not read: a
 class deriving from Task, registered as `dataset=task_<name>`, that says how large an instance
 fits a window (`size`) and makes one (`make`). An instance is a row of tokens and an answer mask:
 the tokens to predict from what came before. Training draws fresh instances of every size up to
-the training length (seeded by run seed and step; left-padded to the window); evaluation scores
-instances that fill each eval length, the same ones for every encoding and seed, on their answer
-tokens only: loss, and exact-match accuracy.
+the training length (seeded by run seed and step), each padded after its end: it starts at
+position 0, as an instance fed alone does, and a causal model never sees its padding (padding
+before it, as version 1 did, told the model the instance's size by the number of PAD tokens, and
+an instance shorter than the window was scored without them). Evaluation scores instances that
+fill each eval length, the same ones for every encoding and seed, on their answer tokens only:
+loss, and exact-match accuracy.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ from posbench.core.errors import ConfigError, require
 PAD, BOS, SEP, PLUS = 0, 1, 2, 3
 FIRST = 4  # a task's symbols come after these
 EVAL_SEED = 1729  # evaluation instances never depend on the run's seed
-VERSION = 1  # bump when a generator changes: it names the data in results.json
+VERSION = 2  # bump when a generator changes: it names the data in results.json (2: padded after)
 
 
 class Task(Dataset):
@@ -75,15 +78,15 @@ class Task(Dataset):
         return rng.integers(FIRST, FIRST + self.symbols, size=n)
 
     def batch(self, rng: np.random.Generator, count: int, total: int, fill: bool):
-        """`count` rows of `total` tokens, left-padded: instances of the largest size that fits
-        (fill) or of sizes drawn uniformly up to it."""
+        """`count` rows of `total` tokens, each an instance from position 0 and PAD after it:
+        instances of the largest size that fits (fill) or of sizes drawn uniformly up to it."""
         top = self.size(total)
         tokens = np.full((count, total), PAD, dtype=np.int64)
         answers = np.zeros((count, total), dtype=bool)
         for row in range(count):
             seq, answer = self.make(rng, top if fill else int(rng.integers(self.min_size, top + 1)))
-            tokens[row, total - len(seq):] = seq
-            answers[row, total - len(seq):] = answer
+            tokens[row, :len(seq)] = seq
+            answers[row, :len(seq)] = answer
         return tokens, answers
 
 
