@@ -107,6 +107,13 @@ def test_the_references_own_copy_numbers_reproduce_the_copy_claims():
     assert judged[0] == NOT_REPRODUCED and "copy/rope 0.900 at 1L" in judged[1]
     assert verdicts(Measured({}, False))["copy_t5_at_2L"][0] == NOT_COMPARABLE
 
+    # NoPE short of the task at L: what it does past L says nothing, either way
+    short = copy_curves()
+    short.values["copy/nope"][1.0] = 0.775
+    judged = verdicts(short)
+    assert judged["copy_nope_at_1.5L"] == judged["copy_nope_fails_at_2L"] == (
+        NOT_COMPARABLE, "not learned at L (exact match under 0.95): copy/nope 0.775")
+
 
 def test_runs_are_grouped_by_task_and_encoding_at_their_instance_size():
     def record(task, enc, seed, seq_len, curve):

@@ -266,15 +266,24 @@ def task_group(task: str, encoding: str) -> str:
 @dataclass(frozen=True)
 class AccuracyIn(Claim):
     """Exact-match accuracy of each of `groups` at every measured x in [low, high] is at least
-    `least`, or at most `most`, within `tolerance` (accuracy points)."""
+    `least`, or at most `most`, within `tolerance` (accuracy points). learned: the accuracy at L
+    below which a group has not learned the task, so that what it does past L is not comparable
+    (None: the claim is about L itself)."""
     groups: Tuple[str, ...] = ()
     low: float = 1.0
     high: float = 1.0
     least: Optional[float] = None
     most: Optional[float] = None
+    learned: Optional[float] = 0.95
     unit: str = field(default="accuracy", kw_only=True)
 
     def judge(self, m: Measured) -> Tuple[str, str]:
+        if self.learned is not None:
+            unlearned = [f"{g} {m.values[g][1.0]:.3f}" for g in m.present(self.groups)
+                         if m.values[g].get(1.0, 0.0) < self.learned]
+            if unlearned:
+                return NOT_COMPARABLE, (f"not learned at L (exact match under {self.learned:g}):"
+                                        f" {', '.join(unlearned)}")
         points = [(g, x, m.values[g][x]) for g in m.present(self.groups)
                   for x in sorted(m.values[g]) if self.low - 1e-9 <= x <= self.high + 1e-9]
         if not points:

@@ -51,7 +51,7 @@ class Kazemnejad2023(Reproduction):
                    "exact match counts a whole answer, so one wrong token costs the instance; "
                    "0.95 keeps 'near-perfect' and refuses a model that did not learn the task, "
                    "whose length generalization cannot be read",
-                   groups=groups, low=0.0, high=1.0, least=1.0),
+                   groups=groups, low=0.0, high=1.0, least=1.0, learned=None),
         RankOrder("mrr_order", "past L, NoPE ranks first, then T5, ALiBi, rotary and APE "
                   "(mean reciprocal rank 0.69, 0.55, 0.50, 0.33, 0.22)", 0.05,
                   "over 8 tasks one task swapping the first two moves their mean reciprocal "
