@@ -9,7 +9,7 @@ import pytest
 
 from helpers import posbench_cli
 from posbench.reproduce import NOT_COMPARABLE, NOT_REPRODUCED, REPRODUCED, Measured, registry
-from posbench.reproduce.claims import reciprocal_ranks
+from posbench.reproduce.claims import RankOrder, reciprocal_ranks
 
 ENTRY = registry()["kazemnejad2023"].cls
 ENCODINGS = ("nope", "t5", "alibi", "rope", "sinusoidal")
@@ -53,22 +53,24 @@ def test_the_mean_reciprocal_rank_orders_the_encodings_as_the_figure_does():
     # sinusoidal 1/5, 1/5, 1/4 (sum_mod's three zeros share ranks 3..5, mean 4)
     by_hand = {"nope": Fraction(5, 2), "t5": Fraction(2), "alibi": Fraction(11, 12),
                "rope": Fraction(3, 4), "sinusoidal": Fraction(13, 20)}
-    verdict, detail = verdicts(accuracies(past))["mrr_order"]
+    three = RankOrder("mrr", "the order", 0.05, "why", tasks=tuple(past), order=ENCODINGS)
+    verdict, detail = three.judge(accuracies(past))
     assert verdict == REPRODUCED, detail
     for enc, total in by_hand.items():
         assert f"{enc} {float(total / 3):.2f}" in detail
 
     # rotary first on every task: out of order
     flipped = {t: {**row, "rope": 1.5} for t, row in past.items()}
-    verdict, detail = verdicts(accuracies(flipped))["mrr_order"]
+    verdict, detail = three.judge(accuracies(flipped))
     assert verdict == NOT_REPRODUCED and "rope above alibi" in detail
 
-    # a task measured for some encodings only is left out of the ranks, and says so
-    partial = accuracies(past)
-    del partial.values["sum_mod/rope"]
-    assert "MRR over 2 tasks" in verdicts(partial)["mrr_order"][1]
-    assert "not measured for every encoding: addition_msb, parity, poly, sort_single, " \
-           "sum_mod, lego" in verdicts(partial)["mrr_order"][1]
+    # the entry ranks over its 8 tasks: three of them are shown, not judged
+    verdict, detail = verdicts(accuracies(past))["mrr_order"]
+    assert verdict == NOT_COMPARABLE and "MRR over 3 tasks" in detail
+    assert "not measured for every encoding: addition_msb, parity, poly, sort_single, lego" \
+        in detail
+    every = accuracies({t: past["copy"] for t in ENTRY.claims[1].tasks})
+    assert verdicts(every)["mrr_order"][0] == REPRODUCED
     assert verdicts(Measured({}, False))["mrr_order"][0] == NOT_COMPARABLE
 
 

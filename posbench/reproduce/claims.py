@@ -339,7 +339,8 @@ def mean_reciprocal_ranks(m: Measured, tasks: Tuple[str, ...], encodings: Tuple[
 @dataclass(frozen=True)
 class RankOrder(Claim):
     """The encodings' mean reciprocal rank over `tasks` (mean_reciprocal_ranks, x in (past,
-    upto]) falls in `order`: each at least the next minus `tolerance`."""
+    upto]) falls in `order`: each at least the next minus `tolerance`. A rank over some of the
+    tasks is shown but not comparable: a claim about a ranking over all of them."""
     tasks: Tuple[str, ...] = ()
     order: Tuple[str, ...] = ()
     past: float = 1.0
@@ -355,6 +356,8 @@ class RankOrder(Claim):
         counted = len(self.tasks) - len(skipped)
         detail = f"MRR over {counted} task{'s' * (counted != 1)}: {shown}" + (
             f"; not measured for every encoding: {', '.join(skipped)}" if skipped else "")
+        if skipped:
+            return NOT_COMPARABLE, detail
         inverted = [(a, b) for a, b in zip(self.order, self.order[1:])
                     if mrr[a] < mrr[b] - self.tolerance]
         if inverted:
