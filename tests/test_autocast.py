@@ -87,6 +87,7 @@ def test_nope_error_is_the_bf16_floor(nope_run):
 def test_autocast_logits_match_fp32_within_the_family_tolerance(name, run_cfg, nope, nope_run):
     cfg = copy.deepcopy(run_cfg)
     cfg.encoding = OmegaConf.structured(registry()[name].config)
+    torch.manual_seed(0)  # the encoding's own initial weights, whatever ran before this test
     model = posbench.build_model(cfg, vocab_size=64).eval()
     model.load_state_dict(nope.state_dict(), strict=False)  # NoPE's weights, its own encoding's
     gen = torch.Generator().manual_seed(1)
@@ -95,8 +96,9 @@ def test_autocast_logits_match_fp32_within_the_family_tolerance(name, run_cfg, n
             p.add_(torch.randn(p.shape, generator=gen) * 0.3)
     err, exact = relative_error(model)
     floor, nope_exact = nope_run
-    # not vacuous: the encoding moves the fp32 logits away from NoPE's
-    assert (exact - nope_exact).norm() / nope_exact.norm() > 1e-2
+    # not vacuous: the encoding moves the fp32 logits away from NoPE's by more than bf16's own
+    # rounding (FIRE, whose bias reads position over position, moves them by about 1% this far)
+    assert (exact - nope_exact).norm() / nope_exact.norm() > 2 * floor
     factor = FACTOR[model.encoding.family]
     assert err <= factor * floor, f"{err:.2e} > {factor} x NoPE's {floor:.2e}"
 
