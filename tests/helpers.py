@@ -149,3 +149,19 @@ def assert_position_ids_are_never_read(model):
         base = model(idx)
         for pos in (torch.arange(48) + 10**4, torch.randperm(48), torch.zeros(48).long()):
             assert torch.equal(model(idx, pos=pos), base)
+
+
+def plane_rotations(d, planes, positions):
+    """The float64 d x d rotation M(t) of each position t (a 1-D sequence): in each plane
+    (a, b, omega), x_a' = x_a cos(t omega) - x_b sin(t omega) and x_b' = x_a sin + x_b cos; the
+    identity elsewhere. Stacked (T, d, d): the oracle of the rotary encodings' tests."""
+    import math
+
+    mats = []
+    for t in [float(t) for t in positions]:
+        m = torch.eye(d, dtype=torch.float64)
+        for a, b, omega in planes:
+            c, s = math.cos(t * omega), math.sin(t * omega)
+            m[a, a], m[a, b], m[b, a], m[b, b] = c, -s, s, c
+        mats.append(m)
+    return torch.stack(mats)

@@ -14,7 +14,7 @@ from posbench.encodings.clipped_rope import ClippedRoPE
 from posbench.encodings.p_rope import PRoPE
 from posbench.encodings.rope import RoPE
 
-from helpers import tiny_model
+from helpers import plane_rotations, tiny_model
 
 F64 = torch.float64
 BASE = 10000.0
@@ -44,16 +44,8 @@ def oracle_weights(d, clip, variant):
 def oracle_matrices(d, clip, variant, pos):
     """M(t) per position: RoPE's pair j is dims (j, j + d/2), turned by t b^(-2j/d) w_j."""
     w = oracle_weights(d, clip, variant)
-    mats = []
-    for t in pos[0].tolist():
-        m = torch.eye(d, dtype=F64)
-        for j in range(d // 2):
-            a, b = j, j + d // 2
-            angle = t * BASE ** (-2 * j / d) * w[j]
-            c, s = math.cos(angle), math.sin(angle)
-            m[a, a], m[a, b], m[b, a], m[b, b] = c, -s, s, c
-        mats.append(m)
-    return torch.stack(mats)
+    planes = [(j, j + d // 2, BASE ** (-2 * j / d) * w[j]) for j in range(d // 2)]
+    return plane_rotations(d, planes, pos[0].tolist())
 
 
 def random_qk(d, seed=0):

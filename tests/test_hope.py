@@ -12,7 +12,7 @@ from posbench.encodings import Dims
 from posbench.encodings.hope import HoPE
 from posbench.encodings.rope import RoPE
 
-from helpers import tiny_model
+from helpers import plane_rotations, tiny_model
 
 F64 = torch.float64
 
@@ -38,19 +38,6 @@ def oracle_planes(d, L, base):
     return planes
 
 
-def oracle_matrices(d, planes, pos):
-    """The d x d rotation M(t) of each position t: x_a' = x_a cos - x_b sin, x_b' = x_a sin +
-    x_b cos in each plane (a, b), the identity elsewhere."""
-    mats = []
-    for t in pos[0].tolist():
-        m = torch.eye(d, dtype=F64)
-        for a, b, omega in planes:
-            c, s = math.cos(t * omega), math.sin(t * omega)
-            m[a, a], m[a, b], m[b, a], m[b, b] = c, -s, s, c
-        mats.append(m)
-    return torch.stack(mats)
-
-
 def random_qk(d, T, seed=0):
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(2, 3, T, d, generator=g, dtype=F64),
@@ -63,7 +50,7 @@ def test_rotates_q_and_k_as_the_definition_up_to_16l_forward_and_gradient(d, L, 
     pos = positions(L)
     q, k = random_qk(d, pos.shape[1])
     q.requires_grad_(True)
-    mats = oracle_matrices(d, oracle_planes(d, L, base), pos)
+    mats = plane_rotations(d, oracle_planes(d, L, base), pos[0].tolist())
     got_q, got_k = make(HoPE, d, L, base=base).rotate(q, k, pos, 0)
     for got, x in ((got_q, q), (got_k, k)):
         torch.testing.assert_close(got, torch.einsum("tij,bhtj->bhti", mats, x), rtol=1e-10,

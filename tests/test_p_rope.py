@@ -12,7 +12,7 @@ from posbench.encodings import Dims
 from posbench.encodings.p_rope import PRoPE
 from posbench.encodings.rope import RoPE
 
-from helpers import tiny_model
+from helpers import plane_rotations, tiny_model
 
 F64 = torch.float64
 BASE = 10000.0
@@ -42,16 +42,9 @@ def oracle_planes(variant, p, d):
 
 def oracle_rotate(x, planes, pos):
     """x turned by the block rotation M(t) of the planes, t = pos, one explicit d x d matrix per
-    position: in plane (a, b), x_a' = x_a cos - x_b sin and x_b' = x_a sin + x_b cos."""
-    d = x.shape[-1]
-    mats = []
-    for t in pos[0].tolist():
-        m = torch.eye(d, dtype=F64)
-        for a, b, omega in planes:
-            c, s = math.cos(t * omega), math.sin(t * omega)
-            m[a, a], m[a, b], m[b, a], m[b, b] = c, -s, s, c
-        mats.append(m)
-    return torch.einsum("tij,bhtj->bhti", torch.stack(mats), x)
+    position (tests/helpers.py)."""
+    return torch.einsum("tij,bhtj->bhti", plane_rotations(x.shape[-1], planes, pos[0].tolist()),
+                        x)
 
 
 def to_neox(x, p):
