@@ -49,7 +49,7 @@ MEMORY_CHECK = "POSBENCH_MEMORY_CHECK"  # =0: start a job the estimate says will
 # a step's time: the mean of at most MEASURED_STEPS steps, or of those begun within
 # MEASURE_SECONDS, after one warm-up step (allocations, first-call kernels); a warm-up step longer
 # than MEASURE_SECONDS is the measure itself, so that a big model costs one step
-MEASURED_STEPS, MEASURE_SECONDS = 5, 2.0
+MEASURED_STEPS, MEASURE_SECONDS = 3, 1.0
 
 
 @dataclass(frozen=True)
