@@ -165,3 +165,26 @@ def plane_rotations(d, planes, positions):
             m[a, a], m[a, b], m[b, a], m[b, b] = c, -s, s, c
         mats.append(m)
     return torch.stack(mats)
+
+
+def assert_turned_by(mats, q, k, got_q, got_k):
+    """got_q, got_k are q, k turned by the rotations `mats` (plane_rotations), and the gradient
+    into q (which requires grad) is turned back by their transposes; float64, to 1e-10."""
+    for got, x in ((got_q, q), (got_k, k)):
+        torch.testing.assert_close(got, torch.einsum("tij,bhtj->bhti", mats, x), rtol=1e-10,
+                                   atol=1e-10)
+    g = torch.randn_like(q)
+    (grad,) = torch.autograd.grad((got_q * g).sum(), q)
+    torch.testing.assert_close(grad, torch.einsum("tji,bhtj->bhti", mats, g), rtol=1e-10,
+                               atol=1e-10)
+
+
+def finite_at_16l(*overrides):
+    """Whether model=tiny with these overrides, trained length 128, gives finite logits over a
+    window of 2048 tokens (16L), at a seeded init."""
+    cfg = posbench.compose([*overrides, "model=tiny", "train.seq_len=128", "eval.lengths=[2048]"])
+    torch.manual_seed(0)
+    model = posbench.build_model(cfg, vocab_size=64).eval()
+    idx = torch.randint(0, 64, (1, 2048), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        return bool(torch.isfinite(model(idx)).all())

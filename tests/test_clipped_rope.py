@@ -14,7 +14,7 @@ from posbench.encodings.clipped_rope import ClippedRoPE
 from posbench.encodings.p_rope import PRoPE
 from posbench.encodings.rope import RoPE
 
-from helpers import plane_rotations, tiny_model
+from helpers import assert_turned_by, finite_at_16l, plane_rotations, tiny_model
 
 F64 = torch.float64
 BASE = 10000.0
@@ -62,13 +62,7 @@ def test_rotates_q_and_k_as_the_definition_up_to_16l_forward_and_gradient(varian
     q.requires_grad_(True)
     mats = oracle_matrices(d, clip, variant, POSITIONS)
     got_q, got_k = make(ClippedRoPE, d, clip=clip, variant=variant).rotate(q, k, POSITIONS, 0)
-    for got, x in ((got_q, q), (got_k, k)):
-        torch.testing.assert_close(got, torch.einsum("tij,bhtj->bhti", mats, x), rtol=1e-10,
-                                   atol=1e-10)
-    g = torch.randn_like(q)
-    (grad,) = torch.autograd.grad((got_q * g).sum(), q)
-    torch.testing.assert_close(grad, torch.einsum("tji,bhtj->bhti", mats, g), rtol=1e-10,
-                               atol=1e-10)
+    assert_turned_by(mats, q, k, got_q, got_k)
 
 
 def test_the_references_taper_on_a_head_of_128_runs_from_1_to_0_over_its_20_slowest_pairs():
@@ -132,13 +126,7 @@ def test_the_evaluation_paths_logits_equal_the_training_paths_and_are_shift_inva
 
 @pytest.mark.parametrize("variant", ["soft", "hard"])
 def test_finite_logits_at_16l_on_model_tiny(variant):
-    cfg = posbench.compose(["encoding=clipped_rope", f"encoding.variant={variant}", "model=tiny",
-                            "train.seq_len=128", "eval.lengths=[2048]"])
-    torch.manual_seed(0)
-    model = posbench.build_model(cfg, vocab_size=64).eval()
-    idx = torch.randint(0, 64, (1, 2048), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        assert torch.isfinite(model(idx)).all()
+    assert finite_at_16l("encoding=clipped_rope", f"encoding.variant={variant}")
 
 
 def test_defaults_are_the_references_soft_clip_of_20_in_64_pairs():

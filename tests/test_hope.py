@@ -12,7 +12,7 @@ from posbench.encodings import Dims
 from posbench.encodings.hope import HoPE
 from posbench.encodings.rope import RoPE
 
-from helpers import plane_rotations, tiny_model
+from helpers import assert_turned_by, finite_at_16l, plane_rotations, tiny_model
 
 F64 = torch.float64
 
@@ -52,13 +52,7 @@ def test_rotates_q_and_k_as_the_definition_up_to_16l_forward_and_gradient(d, L, 
     q.requires_grad_(True)
     mats = plane_rotations(d, oracle_planes(d, L, base), pos[0].tolist())
     got_q, got_k = make(HoPE, d, L, base=base).rotate(q, k, pos, 0)
-    for got, x in ((got_q, q), (got_k, k)):
-        torch.testing.assert_close(got, torch.einsum("tij,bhtj->bhti", mats, x), rtol=1e-10,
-                                   atol=1e-10)
-    g = torch.randn_like(q)
-    (grad,) = torch.autograd.grad((got_q * g).sum(), q)
-    torch.testing.assert_close(grad, torch.einsum("tji,bhtj->bhti", mats, g), rtol=1e-10,
-                               atol=1e-10)
+    assert_turned_by(mats, q, k, got_q, got_k)
 
 
 def test_head_of_32_at_l_128_keeps_its_6_fastest_pairs_as_ropes_bit_for_bit():
@@ -118,13 +112,7 @@ def test_the_evaluation_paths_logits_equal_the_training_paths_and_are_shift_inva
 
 
 def test_finite_logits_at_16l_on_model_tiny():
-    cfg = posbench.compose(["encoding=hope", "model=tiny", "train.seq_len=128",
-                            "eval.lengths=[2048]"])
-    torch.manual_seed(0)
-    model = posbench.build_model(cfg, vocab_size=64).eval()
-    idx = torch.randint(0, 64, (1, 2048), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        assert torch.isfinite(model(idx)).all()
+    assert finite_at_16l("encoding=hope")
 
 
 def test_defaults_and_refusals():
