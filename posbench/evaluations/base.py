@@ -20,11 +20,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Dict, List, Optional
+from typing import Any, Callable, ClassVar, Dict, List, Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from posbench.core.device import autocast
 from posbench.encodings.base import EVAL_OPTIONS
 from posbench.core.errors import ConfigError
 from posbench.core.registry import Entry, Registry
@@ -240,6 +241,21 @@ def is_oom(err: BaseException) -> bool:
     text = str(err).lower()
     return isinstance(err, RuntimeError) and ("out of memory" in text
                                               or "can't allocate memory" in text)
+
+
+def scored_within_memory(device: torch.device, score: Callable[[], dict], **keys) -> dict:
+    """score() under the device's autocast; `keys` with status "oom" when it runs out of memory
+    (CUDA's cache emptied for what comes next). Any other error is raised: only out-of-memory
+    is recorded, not hidden."""
+    try:
+        with autocast(device):
+            return score()
+    except Exception as err:  # noqa: BLE001 - re-raised unless out of memory
+        if not is_oom(err):
+            raise
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return {**keys, "status": "oom"}
 
 
 def effective_length(points, threshold: float) -> Optional[int]:

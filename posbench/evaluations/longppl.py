@@ -43,14 +43,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from posbench.core.device import autocast
 from posbench.core.errors import ConfigError, require
 from posbench.core.plots import plot_curves
 from posbench.core.progress import Bar
 from posbench.data.base import dataset_class
 from posbench.data.windows import EvalPlan
-from posbench.evaluations.base import (Section, SectionConfig, eval_config, is_oom, register,
-                                       set_eval_options, with_train_length)
+from posbench.evaluations.base import (Section, SectionConfig, eval_config, register,
+                                       scored_within_memory, set_eval_options, with_train_length)
 from posbench.evaluations.perplexity import plans
 
 HEAD_CHUNK = 4096  # targets whose logits exist at once in the short pass
@@ -309,16 +308,10 @@ class LongPPL(Section):
             set_eval_options(model, self.run_cfg.eval)
             if judge is not model:
                 set_eval_options(judge, judge_eval)
-            try:
-                with autocast(device):
-                    points.append(score_length(model, judge, plan, cfg, trunc, bos,
-                                               self.eval_cfg.batch_tokens, device))
-            except Exception as err:  # noqa: BLE001 - only out-of-memory is recorded
-                if not is_oom(err):
-                    raise
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-                points.append({"length": plan.length, "status": "oom"})
+            points.append(scored_within_memory(
+                device, lambda: score_length(model, judge, plan, cfg, trunc, bos,
+                                             self.eval_cfg.batch_tokens, device),
+                length=plan.length))
             bar.update()
             p = points[-1]
             bar.log(f"length {plan.length} ({bar.n}/{bar.total})",

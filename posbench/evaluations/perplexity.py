@@ -13,10 +13,10 @@ import torch.nn.functional as F
 
 from posbench.data import dataset_class
 from posbench.data.windows import EvalPlan
-from posbench.core.device import autocast
 from posbench.core.errors import ConfigError, did_you_mean, require, require_positive
 from posbench.evaluations.base import (EvalConfig, Evaluation, effective_length, eval_config,
-                                       is_oom, registry, set_eval_options, with_train_length)
+                                       registry, scored_within_memory, set_eval_options,
+                                       with_train_length)
 from posbench.core.progress import Bar
 
 MAX_BINS = 64  # per-position bins per length
@@ -122,15 +122,9 @@ def score(model, plans: List[EvalPlan], eval_cfg, device: torch.device) -> List[
     curve = []
     bar = Bar("eval", len(plans), "length")
     for plan in plans:
-        try:
-            with autocast(device):
-                curve.append(_score(model, plan, eval_cfg.batch_tokens, device))
-        except Exception as err:  # noqa: BLE001 - only out-of-memory is recorded, not hidden
-            if not is_oom(err):
-                raise
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-            curve.append({"length": plan.length, "status": "oom"})
+        curve.append(scored_within_memory(
+            device, lambda: _score(model, plan, eval_cfg.batch_tokens, device),
+            length=plan.length))
         bar.update()
         point = curve[-1]
         bar.log(f"length {plan.length} ({bar.n}/{bar.total})",

@@ -30,11 +30,10 @@ import torch
 
 from posbench.data.base import dataset_class, dataset_config
 from posbench.data.tokenize import Tokenizer
-from posbench.core.device import autocast
 from posbench.core.errors import ConfigError, require, require_positive
 from posbench.evaluations.base import (EvalConfig, Section, SectionConfig, effective_length,
-                                       eval_config, is_oom, register, set_eval_options,
-                                       with_train_length)
+                                       eval_config, register, scored_within_memory,
+                                       set_eval_options, with_train_length)
 from posbench.evaluations.perplexity import ppl_effective_length
 from posbench.core.plots import pyplot, save_figure
 from posbench.core.progress import Bar
@@ -249,23 +248,17 @@ def evaluate_retrieval(model, passkeys: Passkeys, eval_cfg, train_len: int,
         for depth in r.depths:
             rows, first, second = (torch.from_numpy(a).to(device)
                                    for a in sequences(passkeys, r, length, depth))
-            cell = {"length": length, "depth": depth}
-            try:
-                with autocast(device):
-                    scores = [key_scores(model, rows[i:i + per_batch], first[i:i + per_batch],
-                                         second[i:i + per_batch], r.key_tokens)
-                              for i in range(0, len(rows), per_batch)]
+            def cell_scores():
+                scores = [key_scores(model, rows[i:i + per_batch], first[i:i + per_batch],
+                                     second[i:i + per_batch], r.key_tokens)
+                          for i in range(0, len(rows), per_batch)]
                 loss_1, loss_2, hits = (torch.cat(s).double() for s in zip(*scores))
-                cell.update(exact_match=hits.mean().item(), loss_first=loss_1.mean().item(),
-                            loss_second=loss_2.mean().item(),
-                            bits_saved=(loss_1 - loss_2).mean().item())
-            except Exception as err:  # noqa: BLE001 - only out-of-memory is recorded
-                if not is_oom(err):
-                    raise
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-                cell["status"] = "oom"
-            grid.append(cell)
+                return {"exact_match": hits.mean().item(), "loss_first": loss_1.mean().item(),
+                        "loss_second": loss_2.mean().item(),
+                        "bits_saved": (loss_1 - loss_2).mean().item()}
+
+            grid.append({"length": length, "depth": depth,
+                         **scored_within_memory(device, cell_scores)})
             bar.update()
         point = by_length(grid)[-1]
         bar.log(f"retrieval length {length}", bits_saved=f"{point['bits_saved']:.3f}"
