@@ -153,3 +153,5 @@ def test_the_entry_runs_at_a_toy_scale_through_the_cli(tmp_path):
     assert [p["length"] for p in results["eval"]["curve"]] == [11, 21, 31, 41, 51, 61, 71, 81]
     assert "## copy: exact match by instance size over L" in done.stdout
     assert "| nope | 0.69 |" in done.stdout
+    # two of the five encodings: no task was measured for every one
+    assert "posbench's over the 0 of its 8 measured for every encoding" in done.stdout

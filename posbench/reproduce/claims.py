@@ -317,7 +317,7 @@ def mean_reciprocal_ranks(m: Measured, tasks: Tuple[str, ...], encodings: Tuple[
     """Each encoding's mean over `tasks` of its reciprocal rank, a task ranking the encodings by
     their mean accuracy over the measured x in (past, upto]; the tasks that every encoding was
     measured on are used, the others returned apart."""
-    used, skipped = [], []
+    skipped = []
     ranks: Dict[str, List[float]] = {e: [] for e in encodings}
     for task in tasks:
         scores = {}
@@ -329,7 +329,6 @@ def mean_reciprocal_ranks(m: Measured, tasks: Tuple[str, ...], encodings: Tuple[
         if len(scores) < len(encodings):
             skipped.append(task)
             continue
-        used.append(task)
         for enc, rr in reciprocal_ranks(scores).items():
             ranks[enc].append(rr)
     mrr = {e: sum(r) / len(r) for e, r in ranks.items() if r}
