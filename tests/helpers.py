@@ -23,8 +23,9 @@ def assert_matches_reference(out, ref, inputs, rtol=1e-5, atol=1e-5, grad_rtol=1
     return grads
 
 
-def assert_shift_invariant(model, idx, offsets=(1, 17, 1000), per_sequence=False):
-    """A relative encoding must give the same logits when every position moves by the same c.
+def assert_shift_invariant(model, idx, offsets=(1, 17, 1000), per_sequence=False, tol=1e-5):
+    """A relative encoding must give the same logits when every position moves by the same c
+    (within tol, relative to logits above 1; a float64 model holds to far less).
     per_sequence: also when each sequence has its own offset, 10^6 apart (lag tables must span
     one sequence, not the gap between them)."""
     B, T = idx.shape
@@ -35,7 +36,7 @@ def assert_shift_invariant(model, idx, offsets=(1, 17, 1000), per_sequence=False
         base = model(idx)
         for pos in shifts:
             shifted = model(idx, pos=pos)
-            assert ((shifted - base).abs() <= 1e-5 * base.abs().clamp(min=1)).all(), pos[..., 0]
+            assert ((shifted - base).abs() <= tol * base.abs().clamp(min=1)).all(), pos[..., 0]
     return base
 
 

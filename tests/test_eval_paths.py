@@ -11,9 +11,12 @@ import posbench
 from helpers import tiny_model
 
 TRAIN_LEN, LENGTH = 32, 96  # scored past the training length, where the lag tables reach
-# grape_a's gates take another bias_factors branch each
+# grape_a's gates take another bias_factors branch each; p_rope's and clipped_rope's variants
+# another spectrum
 CASES = [(name, ()) for name in posbench.list_encodings()] + [
-    ("grape_a", (f"encoding.gate={gate}",)) for gate in ("query", "key", "none")]
+    ("grape_a", (f"encoding.gate={gate}",)) for gate in ("query", "key", "none")] + [
+    ("p_rope", ("encoding.p=0.5", f"encoding.variant={v}")) for v in ("reversed", "partial")] + [
+    ("clipped_rope", ("encoding.variant=hard",))]
 
 
 def off_init(model):
