@@ -58,8 +58,8 @@ def test_training_memory_is_within_twice_the_measured_peak(encoding):
 def test_dry_run_lists_every_job_with_its_estimate_and_writes_nothing(tmp_path):
     proc = posbench_cli("train", "-m", "encoding=rope,alibi", "train.seq_len=128,1000000",
                         "device=cpu", "--dry-run", cwd=tmp_path)
-    for job in ("0_encoding-rope_train.seq_len-128", "1_encoding-rope_train.seq_len-1000000",
-                "2_encoding-alibi_train.seq_len-128", "3_encoding-alibi_train.seq_len-1000000"):
+    for job in ("encoding-rope_train.seq_len-128", "encoding-rope_train.seq_len-1000000",
+                "encoding-alibi_train.seq_len-128", "encoding-alibi_train.seq_len-1000000"):
         (line,) = [x for x in proc.stdout.splitlines() if x.startswith(f"  {job}: ")]
         assert "training tokens" in line and "FLOPs training" in line and "GiB" in line
     assert proc.stdout.count("    refused: train.seq_len=1000000 is not accepted") == 2
@@ -152,7 +152,7 @@ def test_a_job_that_cannot_fit_is_refused_in_one_line_and_its_sweep_lists_it(tmp
     sweep = posbench_cli("train", "-m", *args, "train.batch_size=2,10000000",
                          "hydra.sweep.dir=sweep", cwd=tmp_path, ok=False)
     assert sweep.returncode == 2
-    refused = tmp_path / "sweep" / "1_train.batch_size-10000000"
+    refused = tmp_path / "sweep" / "train.batch_size-10000000"
     assert sorted(p.name for p in refused.iterdir()) == ["refused.json"]
     assert "is not accepted with train.batch_size=10000000" in json.loads(
         (refused / "refused.json").read_text())["error"]

@@ -115,7 +115,7 @@ def test_yarn_and_the_dynamic_scale_count_from_the_original_length():
 def test_an_extension_starts_at_its_parent_and_records_its_lineage(parent, sweep):
     folder, before = sweep
     assert files(parent) == before  # the parent's dir is never written
-    for job, scaling in (("0_train.rope_scaling-none", "none"), ("1_train.rope_scaling-yarn",
+    for job, scaling in (("train.rope_scaling-none", "none"), ("train.rope_scaling-yarn",
                                                                   "yarn")):
         record = results(folder / job)
         t = record["config"]["train"]
@@ -129,7 +129,7 @@ def test_an_extension_starts_at_its_parent_and_records_its_lineage(parent, sweep
             (s, n) for s in (0, 2, 4) for n in (32, 64, 128)]
         assert (folder / job / "eval_vs_step.png").stat().st_size > 0
     # step 0 is the parent's model under the extension's eval settings, scored as at the end
-    cfg = OmegaConf.load(folder / "1_train.rope_scaling-yarn" / ".hydra" / "config.yaml")
+    cfg = OmegaConf.load(folder / "train.rope_scaling-yarn" / ".hydra" / "config.yaml")
     model = posbench.load_run(parent).model
     scores = evaluations.run(evaluations.plan(cfg, prepare(cfg.dataset)), model,
                              torch.device("cpu"))
@@ -160,10 +160,10 @@ def test_an_extension_stopped_midway_resumes_exactly(parent, sweep, tmp_path, mo
     proc = run_in_process(args, monkeypatch, capsys)
     assert proc.returncode == 0, proc.stderr
     assert "resuming from step 2 of 4" in proc.stdout
-    resumed, reference = results(tmp_path / "ext"), results(folder / "1_train.rope_scaling-yarn")
+    resumed, reference = results(tmp_path / "ext"), results(folder / "train.rope_scaling-yarn")
     assert resumed["eval"]["curve"] == reference["eval"]["curve"]
     assert resumed["train"]["final_loss"] == reference["train"]["final_loss"]
-    assert curve_rows(tmp_path / "ext") == curve_rows(folder / "1_train.rope_scaling-yarn")
+    assert curve_rows(tmp_path / "ext") == curve_rows(folder / "train.rope_scaling-yarn")
 
 
 @pytest.mark.parametrize("extra,words", [

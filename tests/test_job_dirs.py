@@ -1,5 +1,5 @@
-"""Sweep job dirs: one level deep, named by the job number and its swept values in characters
-that are safe in any shell (posbench/core/resolvers.py); and every verb on every run dir, however it
+"""Sweep job dirs: one level deep, named by their swept values in characters that are safe in any
+shell, so that a sweep started again over other values finds the jobs it ran (posbench/core/resolvers.py); and every verb on every run dir, however it
 is named and however it is given (absolute, relative, `.`)."""
 import re
 import shutil
@@ -16,17 +16,17 @@ from helpers import posbench_cli, results, run_in_process
 SAFE = re.compile(r"[A-Za-z0-9._-]+")
 
 
-def test_a_name_is_the_job_number_and_its_swept_values_made_safe():
+def test_a_name_is_the_swept_values_made_safe_or_the_job_number_when_nothing_is_swept():
     assert job_dir_name(3, ["model.n_layer=1", "encoding=alibi", "seed=1"],
-                        ["encoding", "seed"]) == "3_encoding-alibi_seed-1"
+                        ["encoding", "seed"]) == "encoding-alibi_seed-1"
     assert job_dir_name(0, ["model.n_layer=1"], []) == "0"
     assert job_dir_name(2, ["+experiment=quick", "encoding=t5"],
-                        ["+experiment", "encoding"]) == "2_experiment-quick_encoding-t5"
+                        ["+experiment", "encoding"]) == "experiment-quick_encoding-t5"
     # a path or a list: a readable piece and a hash of the whole value
     path = job_dir_name(1, ["dataset.path=/data/corpora/wiki"], ["dataset.path"])
-    assert re.fullmatch(r"1_dataset\.path-wiki-[0-9a-f]{6}", path)
+    assert re.fullmatch(r"dataset\.path-wiki-[0-9a-f]{6}", path)
     lengths = job_dir_name(1, ["eval.lengths=[128,1024]"], ["eval.lengths"])
-    assert re.fullmatch(r"1_eval\.lengths-128-1024-[0-9a-f]{6}", lengths)
+    assert re.fullmatch(r"eval\.lengths-128-1024-[0-9a-f]{6}", lengths)
     # different values keep different names even where their readable pieces agree
     values = ["/a/wiki", "/b/wiki", "/a/wiki/", "[128,1024]", "[128, 1024]", "'x y'", "x" * 300,
               "x" * 301, "..", "${x}", "a=b,c"]
@@ -36,6 +36,16 @@ def test_a_name_is_the_job_number_and_its_swept_values_made_safe():
     many = job_dir_name(7, [f"{key}={'v' * 20}" for key in keys], keys)
     for name in [path, lengths, *names, many]:
         assert SAFE.fullmatch(name) and len(name) <= 110 and not name.startswith("."), name
+
+
+def test_a_sweep_dir_from_before_keeps_its_numbered_job_dirs(tmp_path):
+    """Earlier versions put the job's number first; such a sweep resumes into those dirs."""
+    (tmp_path / "12_encoding-alibi_seed-1").mkdir()
+    (tmp_path / "3_encoding-alibi_seed-10").mkdir()
+    name = lambda seed: job_dir_name(0, ["encoding=alibi", f"seed={seed}"], ["encoding", "seed"],
+                                     tmp_path)
+    assert (name(1), name(10), name(2)) == ("12_encoding-alibi_seed-1",
+                                            "3_encoding-alibi_seed-10", "encoding-alibi_seed-2")
 
 
 def subdir(overrides, num=4):
@@ -52,9 +62,9 @@ def test_the_config_names_jobs_by_the_keys_a_command_or_an_experiment_sweeps():
     # `posbench train -m train.steps=5 encoding=rope,alibi train.resume=true,false` names the
     # keys it sweeps in hydra.<SWEPT>; train.resume stays out of the name
     assert subdir(["train.steps=5", "encoding=alibi", "train.resume=true",
-                   f"+hydra.{SWEPT}=[encoding,train.resume]"]) == "4_encoding-alibi"
+                   f"+hydra.{SWEPT}=[encoding,train.resume]"]) == "encoding-alibi"
     # +experiment=quick sweeps encoding through hydra.sweeper.params
-    assert subdir(["+experiment=quick", "train.steps=5", "encoding=rope"]) == "4_encoding-rope"
+    assert subdir(["+experiment=quick", "train.steps=5", "encoding=rope"]) == "encoding-rope"
 
 
 def write_corpus(folder, n=40):
@@ -80,18 +90,32 @@ def sweep(tmp_path_factory, toy):
 
 def test_sweep_job_dirs_are_one_level_deep_with_safe_names_and_keep_their_overrides(sweep):
     root, corpora, jobs = sweep
-    assert [job.name.split("_")[0] for job in jobs] == ["0", "1", "2", "3"]
+    assert len(jobs) == 4
     assert {p.parent for p in (root / "sweep").rglob("results.json")} == set(jobs)
     for job in jobs:
         assert SAFE.fullmatch(job.name), job.name
         assert results(job)["status"] == "ok"
     for job, (corpus, lengths, pieces) in zip(jobs, [
-            (corpora[0], "[32,64]", "32-64"), (corpora[0], "[32,48]", "32-48"),
-            (corpora[1], "[32,64]", "32-64"), (corpora[1], "[32,48]", "32-48")]):
-        assert re.fullmatch(rf"\d_dataset\.path-{corpus.name}-[0-9a-f]{{6}}_"
+            (corpora[1], "[32,48]", "32-48"), (corpora[1], "[32,64]", "32-64"),
+            (corpora[0], "[32,48]", "32-48"), (corpora[0], "[32,64]", "32-64")]):
+        assert re.fullmatch(rf"dataset\.path-{corpus.name}-[0-9a-f]{{6}}_"
                             rf"eval\.lengths-{pieces}-[0-9a-f]{{6}}", job.name), job.name
         overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())
         assert f"dataset.path={corpus}" in overrides and f"eval.lengths={lengths}" in overrides
+
+
+def test_a_sweep_started_again_with_its_values_in_another_order_finds_its_jobs(sweep, toy):
+    """The job numbers change with the order; the names do not, so every job is skipped."""
+    root, corpora, jobs = sweep
+    before = {job.name: (job / "results.json").read_bytes() for job in jobs}
+    args = [a for a in toy if not a.startswith("eval.lengths=")]
+    proc = posbench_cli("train", "-m", *args, "dataset=text", "dataset.val_fraction=0.2",
+                        f"dataset.path={corpora[1]},{corpora[0]}",
+                        "eval.lengths=[32,48],[32,64]", "hydra.sweep.dir=sweep", cwd=root)
+    assert proc.stdout.count("skipped") == 4, proc.stdout[-2000:] + proc.stderr[-2000:]
+    after = {p.name: (p / "results.json").read_bytes() for p in (root / "sweep").iterdir()
+             if p.is_dir()}
+    assert after == before
 
 
 def evaluated(job, run_dir_arg, cwd):

@@ -28,7 +28,7 @@ def sweep(tmp_path_factory):
     posbench_cli("train", "-m", *TOY_SWEEP, "encoding=rope,alibi", "hydra.sweep.dir=sweep",
                  cwd=root)
     sweep = root / "sweep"
-    rope, alibi = sweep / "0_encoding-rope", sweep / "1_encoding-alibi"
+    rope, alibi = sweep / "encoding-rope", sweep / "encoding-alibi"
     before = {job: files(job) for job in (rope, alibi)}
     proc = posbench_cli("eval", "sweep", "-m", "eval.rope_scaling=none,pi,yarn", "logger=wandb",
                         cwd=root)
@@ -63,7 +63,7 @@ def test_one_command_rescores_every_run_of_a_sweep_named_by_what_it_changed(swee
     for job in (rope, alibi):
         assert all(files(job)[path] == blob for path, blob in before[job].items())
         assert not (job / "multirun.yaml").exists() and not (job / ".hydra" / "multirun.yaml").exists()
-    assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == [rope.name, alibi.name]
+    assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == [alibi.name, rope.name]
 
 
 def test_a_folder_rescore_prints_a_line_per_run_and_one_summary_table(sweep, tmp_path):
@@ -74,7 +74,7 @@ def test_a_folder_rescore_prints_a_line_per_run_and_one_summary_table(sweep, tmp
     lines = (proc.stdout + proc.stderr).splitlines()
     assert len(lines) <= 15, proc.stdout + proc.stderr
     tag = change_tag({"eval.lengths": [32, 48, 64, 96, 128, 160, 192, 256]})
-    for job, encoding in (("0_encoding-rope", "rope"), ("1_encoding-alibi", "alibi")):
+    for job, encoding in (("encoding-rope", "rope"), ("encoding-alibi", "alibi")):
         run_dir = tmp_path / "sweep" / job
         # a progress line as each run starts, and its row in the summary
         assert sum(line.startswith(f"posbench: re-scoring {run_dir} ") for line in lines) == 1
@@ -123,7 +123,7 @@ def test_the_report_groups_rescores_by_their_change_and_overlays_them(sweep, mon
     assert {label for label, _ in rows} == {"rope", "alibi", "rope (rope_scaling=pi)",
                                             "rope (rope_scaling=yarn)"}
     assert rows[("rope (rope_scaling=yarn)", 64)]["rescore_of"] == "rope"
-    yarn = json.loads((folder / "0_encoding-rope" / "results.eval-rope_scaling-yarn.json")
+    yarn = json.loads((folder / "encoding-rope" / "results.eval-rope_scaling-yarn.json")
                       .read_text())
     assert float(rows[("rope (rope_scaling=yarn)", 64)]["ppl_mean"]) == pytest.approx(
         yarn["eval"]["curve"][1]["ppl"], rel=1e-5)

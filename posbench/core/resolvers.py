@@ -1,8 +1,9 @@
 """The OmegaConf resolvers of posbench/conf/config.yaml, registered on `import posbench`.
 
-- `${posbench.job_dir:}` names a sweep's job dir after its number and its swept values, one level
-  deep and safe in any shell: `3_encoding-alibi_seed-1`. All of the job's overrides are kept in
-  its `.hydra/overrides.yaml`.
+- `${posbench.job_dir:}` names a sweep's job dir after its swept values, one level deep and safe
+  in any shell: `encoding-alibi_seed-1`. The name does not hold the job's number, so a sweep
+  started again over more or fewer values (another seed, one more task) finds the jobs it has
+  run already. All of the job's overrides are kept in its `.hydra/overrides.yaml`.
 - `${posbench.user_conf:conf}` puts the user's own config folder, relative to where the command
   runs, on Hydra's search path when there is one.
 """
@@ -21,7 +22,7 @@ SWEPT = "posbench_swept"
 UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 VALUE_CHARS = 24  # a longer value is shortened
 PIECE_CHARS = 12  # what is kept of a shortened value
-NAME_CHARS = 100  # what follows the job number at most
+NAME_CHARS = 100  # a job dir's name at most
 
 
 def _digest(text: str) -> str:
@@ -56,13 +57,23 @@ def override_key(override: str) -> str:
     return override.partition("=")[0].lstrip("+~")
 
 
-def job_dir_name(num: int, overrides: Sequence[str], keys: Iterable[str]) -> str:
-    """`<num>_<key>-<value>_...` over the overrides (`key=value`) whose key is one of `keys`, in
-    their order; `<num>` alone when there is none."""
+def job_dir_name(num: int, overrides: Sequence[str], keys: Iterable[str],
+                 sweep_dir: Path | None = None) -> str:
+    """`<key>-<value>_...` over the overrides (`key=value`) whose key is one of `keys`, in their
+    order; the job number when there is none. A sweep dir that holds the job under the name
+    earlier versions gave it (`<num>_<key>-<value>_...`, numbered by its place in that sweep)
+    keeps that name, so those sweeps resume into their own job dirs."""
     keys = {key.lstrip("+~") for key in keys}
     pairs = [(override_key(override), override.partition("=")[2]) for override in overrides]
     text = summary((key, value) for key, value in pairs if key in keys)
-    return f"{num}_{text}" if text else str(num)
+    if not text:
+        return str(num)
+    if sweep_dir is not None and sweep_dir.is_dir():
+        numbered = [p.name for p in sweep_dir.iterdir()
+                    if p.is_dir() and re.fullmatch(rf"\d+_{re.escape(text)}", p.name)]
+        if numbered:
+            return min(numbered)
+    return text
 
 
 def _job_dir(*, _root_: DictConfig) -> str:
@@ -73,7 +84,8 @@ def _job_dir(*, _root_: DictConfig) -> str:
     # keys that do not change what is trained stay out, so a sweep started again with them
     # resumes into the same job dirs
     unchanged = {key.lstrip("+~") for key in hydra.job.config.override_dirname.exclude_keys}
-    return job_dir_name(hydra.job.num, hydra.overrides.task, swept - unchanged)
+    return job_dir_name(hydra.job.num, hydra.overrides.task, swept - unchanged,
+                        Path(hydra.sweep.dir))
 
 
 def _user_conf(folder: str) -> List[str]:
