@@ -52,6 +52,10 @@ def test_sliding_scores_the_last_stride_tokens_each_with_a_full_window(stdlib_da
         losses = model.token_losses(rows[:, :-1], rows[:, 1:])[:, 96:]
     assert math.isclose(point["loss"], losses.double().mean().item(), rel_tol=1e-6)
     assert point["per_position"]["start"][0] == 96
+    # each window's own mean loss, in the plan's order: what paired comparisons resample
+    assert point["windows"]["tokens"] == [32, 32, 32]
+    np.testing.assert_allclose(point["windows"]["loss"], losses.double().mean(1).numpy(),
+                               rtol=1e-6)
 
 
 def test_sliding_with_stride_one(stdlib_data, model):

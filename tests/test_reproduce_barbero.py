@@ -1,6 +1,7 @@
 """`posbench reproduce barbero2024`: the seven rows of p-RoPE's Table 2, each a config that composes
-into the encoding the row names, and the claims that compare two rows by their seeds' bands,
-judged on the paper's numbers and on numbers that break them."""
+into the encoding the row names, and the claims that compare two rows, paired on the same windows
+and seeds (or by their seeds' bands for runs without per-window losses), judged on the paper's
+numbers and on numbers that break them."""
 import math
 
 import pytest
@@ -68,14 +69,39 @@ def test_a_gap_inside_the_seeds_bands_is_a_tie_and_beyond_them_the_other_way_is_
     assert set(verdicts(one_seed).values()) == {NOT_COMPARABLE}
 
 
-def test_runs_are_measured_by_row_with_their_seeds_band():
-    def record(row, seed, ppl):
-        enc = ROW_ENCODINGS[row]
-        return {"encoding": enc["name"], "seed": seed, "config": {"encoding": enc},
-                "train": {"seq_len": 128},
-                "model": {"params": 822_000, "n_layer": 4, "n_head": 4, "d_model": 128},
-                "eval": {"curve": [{"length": 128, "ppl": ppl}]}}
+def record(row, seed, ppl, windows=None):
+    enc = ROW_ENCODINGS[row]
+    point = {"length": 128, "ppl": ppl}
+    if windows is not None:
+        point["windows"] = {"loss": list(windows), "tokens": [128] * len(windows)}
+    return {"encoding": enc["name"], "seed": seed, "config": {"encoding": enc},
+            "train": {"seq_len": 128}, "dataset": {"fingerprint": "sha256:x"},
+            "model": {"params": 822_000, "n_layer": 4, "n_head": 4, "d_model": 128},
+            "eval": {"protocol": "nonoverlapping", "tokens_per_length": 16384, "stride": None,
+                     "curve": [point]}}
 
+
+def test_runs_with_per_window_losses_are_judged_paired_where_the_bands_cannot_tell():
+    """0.75-RoPE 0.5% ahead of RoPE in both seeds, on every window: the seeds' bands (the seeds
+    differ by 6%) hold that as a tie, the paired interval does not."""
+    windows = [1.0 + 0.01 * i for i in range(64)]
+    ppl = lambda shift: math.exp(sum(windows) / 64 + shift)
+    runs = [record("p_rope_0.75", seed, ppl(shift), [w + shift for w in windows])
+            for seed, shift in ((0, 0.0), (1, 0.06))]
+    runs += [record("rope_10k", seed, ppl(shift + 0.005), [w + shift + 0.005 for w in windows])
+             for seed, shift in ((0, 0.0), (1, 0.06))]
+    claim = next(c for c in ENTRY.claims if c.name == "prope_ahead_of_rope")
+    verdict, detail = claim.judge(ENTRY.measure(runs))
+    assert verdict == REPRODUCED, detail
+    assert "rope_10k +0.5% against p_rope_0.75 at 1L, paired over 2 seeds and 64 windows" in detail
+    # the same means without per-window losses: judged by the bands, a tie
+    for run in runs:
+        del run["eval"]["curve"][0]["windows"]
+    verdict, detail = claim.judge(ENTRY.measure(runs))
+    assert verdict == NOT_COMPARABLE and "no per-window losses to pair" in detail
+
+
+def test_runs_are_measured_by_row_with_their_seeds_band():
     runs = [record("rope_10k", 0, 3.5), record("rope_10k", 1, 3.7),
             record("rope_500k", 0, 3.6), record("p_rope_0.75", 0, 3.4)]
     measured = ENTRY.measure(runs)

@@ -147,6 +147,7 @@ def _score(model, plan: EvalPlan, batch_tokens: int, device) -> dict:
     counts = torch.zeros(n, dtype=torch.int64, device=device)
     exact = correct = 0
     task = False
+    window_sums, window_tokens = [], []  # per window: for paired comparisons between runs
     per_batch = max(1, batch_tokens // n)
     for i in range(0, plan.count, per_batch):
         rows, answers = plan.rows(i, i + per_batch)
@@ -160,14 +161,19 @@ def _score(model, plan: EvalPlan, batch_tokens: int, device) -> dict:
             scored &= torch.from_numpy(answers).to(device)
             exact += (hits | ~scored).all(1).sum().item()
             correct += (hits & scored).sum().item()
-        loss_sum += torch.where(scored, losses.double(), 0.0).sum(0)
+        kept = torch.where(scored, losses.double(), 0.0)
+        loss_sum += kept.sum(0)
         counts += scored.sum(0)
+        window_sums.append(kept.sum(1).cpu())
+        window_tokens.append(scored.sum(1).cpu())
     total = int(counts.sum().item())
     loss = loss_sum.sum().item() / total
     point = {"length": n, "loss": loss, "ppl": math.exp(loss), "tokens": total}
     if task:
         point.update(accuracy=exact / plan.count, token_accuracy=correct / total)
     point["per_position"] = bin_positions(loss_sum.cpu().numpy(), counts.cpu().numpy())
+    sums, tokens = torch.cat(window_sums), torch.cat(window_tokens)
+    point["windows"] = {"loss": (sums / tokens.clamp(min=1)).tolist(), "tokens": tokens.tolist()}
     return point
 
 

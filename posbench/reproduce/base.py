@@ -132,18 +132,22 @@ class Reproduction:
         table = aggregate({label: by_label[key] for label, key in labels.items()}, cls.metric)
         values: Dict[str, Dict[float, float]] = defaultdict(dict)
         spread: Dict[str, Dict[float, float]] = defaultdict(dict)
+        lengths: Dict[str, Dict[float, int]] = defaultdict(dict)
         for label, by_length in table.items():
             group, size = labels[label]
             first = by_label[labels[label]][0]
             if cls.axis != "size":
                 points = {cls.position(first, n): s for n, s in by_length.items()}
+                lengths[group].update({cls.position(first, n): n for n in by_length})
             elif first["train"]["seq_len"] in by_length:
                 points = {float(size): by_length[first["train"]["seq_len"]]}
             else:
                 continue
             values[group].update({x: s["mean"] for x, s in points.items()})
             spread[group].update({x: s["ci95"] for x, s in points.items()})
-        return Measured(dict(values), at_paper_scale=cls.at_paper_scale(), spread=dict(spread))
+        runs = dict(by_group) if cls.axis != "size" else {}
+        return Measured(dict(values), at_paper_scale=cls.at_paper_scale(), spread=dict(spread),
+                        runs=runs, lengths=dict(lengths))
 
     @classmethod
     def pairs(cls, measured: Measured) -> Dict[Any, Optional[float]]:

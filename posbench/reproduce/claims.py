@@ -15,6 +15,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from posbench.reports.paired import Paired, paired
+
 REPRODUCED, NOT_REPRODUCED, NOT_COMPARABLE = ("reproduced", "not reproduced",
                                               "not comparable at this scale")
 VERDICTS = (REPRODUCED, NOT_REPRODUCED, NOT_COMPARABLE)
@@ -25,10 +27,22 @@ class Measured:
     """values: group -> x -> value (perplexity); a point that was not measured (OOM) is absent.
     at_paper_scale: whether the numbers come from the paper's setting (the paper's own numbers,
     or an entry that runs at it), so that absolute values may be compared. spread: group -> x ->
-    the 95% half-width of the mean over seeds (t-interval; 0 for one seed), where known."""
+    the 95% half-width of the mean over seeds (t-interval; 0 for one seed), where known. runs:
+    group -> its results.json records, and lengths: group -> x -> the evaluated length it is,
+    for paired comparisons (compare)."""
     values: Dict[str, Dict[float, float]]
     at_paper_scale: bool
     spread: Dict[str, Dict[float, float]] = field(default_factory=dict)
+    runs: Dict[str, List[dict]] = field(default_factory=dict)
+    lengths: Dict[str, Dict[float, int]] = field(default_factory=dict)
+
+    def compare(self, a: str, b: str, x: float) -> Optional[Paired]:
+        """Group a against group b at x on the same windows and seeds; None where they were not
+        scored at one length there or hold no per-window losses."""
+        length = self.lengths.get(a, {}).get(x)
+        if length is None or self.lengths.get(b, {}).get(x) != length:
+            return None
+        return paired(self.runs.get(a, []), self.runs.get(b, []), length)
 
     def present(self, groups: Tuple[str, ...]) -> List[str]:
         return [g for g in groups if self.values.get(g)]
@@ -367,10 +381,12 @@ class RankOrder(Claim):
 
 @dataclass(frozen=True)
 class Below(Claim):
-    """`lower` has a lower perplexity than `higher` at x = `at`, told apart by the seeds: the
-    log ratio ln(higher/lower) beyond the two means' 95% bands combined (in quadrature, relative)
-    plus `tolerance` is reproduced, beyond them the other way not reproduced, inside them not
-    comparable (the seeds cannot tell the two apart). Fewer than two seeds of either cannot."""
+    """`lower` has a lower perplexity than `higher` at x = `at`, told apart by the seeds. Judged
+    paired, on the same windows and seeds (posbench/reports/paired.py): the ratio's 95% interval
+    above 1 + `tolerance` is reproduced, below 1 not reproduced, across them not comparable;
+    fewer than two shared seeds cannot say. Runs that hold no per-window losses (written before
+    they were recorded) are judged by the two means' 95% bands combined (in quadrature,
+    relative) instead."""
     lower: str = "p_rope"
     higher: str = "rope"
     at: float = 1.0
@@ -380,12 +396,29 @@ class Below(Claim):
         if self.at not in a or self.at not in b:
             return NOT_COMPARABLE, (f"{self.lower} and {self.higher} were not both measured at "
                                     f"{x_text(self.at)}")
+        pair = m.compare(self.higher, self.lower, self.at)
+        if pair is None:
+            return self._by_bands(m, a, b)
+        detail = (f"{self.higher} {pct(pair.ratio - 1)} against {self.lower} at "
+                  f"{x_text(self.at)}, paired over {pair.seeds} seed{'s' * (pair.seeds > 1)} "
+                  f"and {pair.windows} windows: 95% interval [{pct(pair.low - 1)}, "
+                  f"{pct(pair.high - 1)}]")
+        if pair.seeds < 2:
+            return NOT_COMPARABLE, detail + " (one shared seed cannot say whether another agrees)"
+        if pair.low > 1 + self.tolerance:
+            return REPRODUCED, detail
+        if pair.high < 1:
+            return NOT_REPRODUCED, detail + f" ({self.lower} is the higher, beyond the interval)"
+        return NOT_COMPARABLE, detail + " (the interval holds no difference: a tie)"
+
+    def _by_bands(self, m: Measured, a: dict, b: dict) -> Tuple[str, str]:
         gap = math.log(b[self.at] / a[self.at])
         bands = [m.spread.get(g, {}).get(self.at, 0.0) / v[self.at]
                  for g, v in ((self.lower, a), (self.higher, b))]
         band = math.sqrt(sum(x * x for x in bands)) + self.tolerance
         detail = (f"{self.higher} {pct(math.exp(gap) - 1)} against {self.lower} at "
-                  f"{x_text(self.at)}; seeds' 95% band of the difference ±{band:.1%}")
+                  f"{x_text(self.at)}; seeds' 95% band of the difference ±{band:.1%} (no "
+                  "per-window losses to pair)")
         if not all(bands):
             return NOT_COMPARABLE, detail + " (fewer than two seeds: no band)"
         if gap > band:
