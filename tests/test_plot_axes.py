@@ -4,6 +4,8 @@ panels whose titles clear the panel above."""
 import re
 
 import pytest
+from matplotlib.collections import PathCollection
+from matplotlib.colors import to_rgb
 
 import posbench.core.plots as plots
 import posbench.reports.inspect as inspect
@@ -45,6 +47,17 @@ def test_the_report_labels_its_log_ppl_axis_across_the_data(tmp_path, drawn):
               "alibi": [(32, 8.4, None), (64, 9.0, None), (128, 9.5, None)]}
     plots.plot_curves(series, 32, tmp_path / "ppl_vs_length.png")
     assert_plain_log_ppl(drawn[0].axes[0])
+
+
+def test_each_seeds_point_is_drawn_in_its_groups_colour(tmp_path, drawn):
+    series = {"rope": [(32, 9.0, 0.5), (64, 12.0, 1.0)], "alibi": [(32, 9.5, None)]}
+    seeds = {"rope": [(32, 8.8), (32, 9.2), (64, 11.5), (64, 12.5)]}
+    plots.plot_curves(series, 32, tmp_path / "ppl_vs_length.png", seeds=seeds)
+    ax = drawn[0].axes[0]
+    (dots,) = [c for c in ax.collections if isinstance(c, PathCollection)]
+    line = next(line for line in ax.get_lines() if line.get_label().startswith("rope"))
+    assert sorted(map(tuple, dots.get_offsets().tolist())) == sorted(map(tuple, seeds["rope"]))
+    assert tuple(dots.get_edgecolor()[0][:3]) == pytest.approx(to_rgb(line.get_color()))
 
 
 @pytest.mark.parametrize("lo,hi", [(8, 18.5), (1, 10), (20, 200), (3, 1000), (126, 161)])

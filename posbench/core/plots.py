@@ -106,11 +106,14 @@ def _legend(ax) -> None:
 def plot_curves(series: Dict[str, List[Tuple[int, float, Optional[float]]]], train_len: int,
                 path: Path, title: str = "", band_label: str = "", metric: str = "ppl",
                 gaps: Optional[Dict[str, Gap]] = None,
-                base_of: Optional[Dict[str, str]] = None) -> None:
+                base_of: Optional[Dict[str, str]] = None,
+                seeds: Optional[Dict[str, List[Tuple[int, float]]]] = None) -> None:
     """A metric (METRICS) against length, one line per label, optional +-band, the training
     length marked. With `gaps`, each label shows its parity gap and an under-trained curve is
     dashed. `base_of` maps a re-score's label to its original's: drawn dotted in the original's
-    colour, so that each overlays the curve it re-scored. Written atomically."""
+    colour, so that each overlays the curve it re-scored. `seeds`: each seed's own points of a
+    label, drawn as small open circles in its colour, so the spread is seen and not only its
+    band. Written atomically."""
     ylabel, log_y = METRICS[metric]
     plt, fig, ax = _figure()
     gaps, base_of = gaps or {}, base_of or {}
@@ -139,6 +142,10 @@ def plot_curves(series: Dict[str, List[Tuple[int, float, Optional[float]]]], tra
             siblings = [other for other, its in base_of.items() if its == base]
             style = dict(linestyle=":", marker=markers[1 + siblings.index(label) % 7])
         ax.plot(xs, ys, label=text, color=colour, **style)
+        if (seeds or {}).get(label):
+            sx, sy = zip(*seeds[label])
+            ax.scatter(sx, sy, s=14, facecolors="none", edgecolors=[colour], linewidths=0.8,
+                       alpha=0.8, zorder=3)
         if all(b is not None for b in bands):
             ax.fill_between(xs, [y - b for y, b in zip(ys, bands)],
                             [y + b for y, b in zip(ys, bands)], color=colour, alpha=0.2)

@@ -400,12 +400,16 @@ def write_report(root: Path, only: Optional[str] = None) -> Dict[str, dict]:
         order = [x for label in order for x in
                  [label, *(r for r in series if base_of.get(r) == label)]]
         order += [label for label in series if label not in order]
+        each_seed = {label: [(p["length"], p[metric]) for run in groups[label]
+                             for p in run["eval"]["curve"] if metric in p]
+                     for label in series if len(groups[label]) > 1}
         plot_curves({label: series[label] for label in order}, train_lens[0],
                     root / f"{metric}_vs_length.png",
                     title=f"{METRICS[metric][0]} vs length ({len(ok) - rescored} runs"
                           + (f", {rescored} re-scores" if rescored else "") + ")",
-                    band_label=BAND if seeds > 1 else "", metric=metric,
-                    gaps=gaps if metric == "ppl" else None, base_of=base_of)
+                    band_label=f"{BAND}; circles: each seed" if seeds > 1 else "",
+                    metric=metric, gaps=gaps if metric == "ppl" else None, base_of=base_of,
+                    seeds=each_seed)
     plots = [f"{m}_vs_length.png" for m in tables]
     if retrieval.plot_grid(members, member_labels, root / "retrieval_grid.png"):
         plots.append("retrieval_grid.png")
