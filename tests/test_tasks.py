@@ -33,11 +33,19 @@ def test_every_task_is_registered_and_keeps_its_fingerprint():
     """The data's name in results.json, which a resume and a re-score compare: the task's name,
     its generator and its parameters, and the generators' version (2: padded after the
     instance)."""
-    assert TASKS == ["task_addition", "task_addition_msb", "task_copy", "task_copy_2x",
+    assert TASKS == ["task_addition", "task_addition_msb", "task_binary_addition",
+                     "task_binary_multiplication", "task_bucket_sort", "task_compute_sqrt",
+                     "task_copy", "task_copy_2x",
                      "task_copy_repeat", "task_copy_repeat_2x", "task_copy_replace",
-                     "task_induction", "task_lego", "task_lego_perm", "task_parity", "task_poly",
+                     "task_cycle_navigation", "task_duplicate_string", "task_even_pairs",
+                     "task_induction", "task_lego", "task_lego_perm",
+                     "task_missing_duplicate_string", "task_modular_arithmetic",
+                     "task_modular_arithmetic_brackets", "task_odds_first", "task_parity",
+                     "task_parity_check", "task_poly",
                      "task_recall", "task_reverse", "task_reverse_2x", "task_reverse_copy",
-                     "task_sort_multi", "task_sort_single", "task_sum_mod"]
+                     "task_reverse_string", "task_solve_equation",
+                     "task_sort_multi", "task_sort_single", "task_stack_manipulation",
+                     "task_sum_mod"]
     spec = {"task_addition": "Addition(symbols=10)", "task_copy": "Copy(symbols=16)",
             "task_induction": "Induction(symbols=16)", "task_recall": "Recall(symbols=16, keys=1024)",
             "task_reverse": "Reverse(symbols=16)",
@@ -53,7 +61,23 @@ def test_every_task_is_registered_and_keeps_its_fingerprint():
             "task_reverse_copy": "ReverseCopy(symbols=101)",
             "task_sort_multi": "SortMulti(symbols=13, low=10, high=9999)",
             "task_sort_single": "SortSingle(symbols=53)",
-            "task_sum_mod": "SumMod(symbols=10, low=1, high=9, modulus=10)"}
+            "task_sum_mod": "SumMod(symbols=10, low=1, high=9, modulus=10)",
+            # Deletang et al.'s tasks (posbench/data/chomsky.py)
+            "task_binary_addition": "BinaryAddition(symbols=3)",
+            "task_binary_multiplication": "BinaryMultiplication(symbols=4)",
+            "task_bucket_sort": "BucketSort(symbols=5)",
+            "task_compute_sqrt": "ComputeSqrt(symbols=2)",
+            "task_cycle_navigation": "CycleNavigation(symbols=8)",
+            "task_duplicate_string": "DuplicateString(symbols=2)",
+            "task_even_pairs": "EvenPairs(symbols=2)",
+            "task_missing_duplicate_string": "MissingDuplicateString(symbols=4)",
+            "task_modular_arithmetic": "ModularArithmetic(symbols=7, modulus=5)",
+            "task_modular_arithmetic_brackets": "ModularArithmeticBrackets(symbols=9, modulus=5)",
+            "task_odds_first": "OddsFirst(symbols=2)",
+            "task_parity_check": "ParityCheck(symbols=2)",
+            "task_reverse_string": "ReverseString(symbols=2)",
+            "task_solve_equation": "SolveEquation(symbols=10, modulus=5)",
+            "task_stack_manipulation": "StackManipulation(symbols=6)"}
     for name in TASKS:
         digest = hashlib.sha256(f"{name},{spec[name]},version=2".encode()).hexdigest()
         assert task_data(name).fingerprint == f"sha256:{digest}"
