@@ -204,3 +204,20 @@ def test_help_version_and_the_key_a_refusal_names(tmp_path, toy, monkeypatch, ca
     assert proc.returncode == 2 and proc.stderr.startswith(
         "posbench: error: train.rope_scaling='yarn' is not accepted; expected 'none' for "
         "encoding=alibi")
+
+
+def test_a_training_length_the_validation_documents_cannot_hold_is_refused_before_training(
+        tmp_path, toy, monkeypatch, capsys):
+    """Validation scores train.batch_size windows of L + 1 tokens: when the documents hold fewer,
+    the run is refused at its start in one line naming train.seq_len, and its run dir removed
+    (it failed at step 1 and kept the dir before)."""
+    monkeypatch.chdir(tmp_path)
+    args = [a for a in toy if not a.startswith(("train.seq_len=", "eval.lengths="))]
+    proc = run_in_process(["train", *args, "train.seq_len=200000", "eval.lengths=[64]",
+                           "hydra.run.dir=run"], monkeypatch, capsys)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    error = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert len(error) == 1 and error[0].startswith(
+        "posbench: error: train.seq_len=200000 is not accepted with train.batch_size=2: "
+        "validation scores 2 windows of 200001 tokens"), proc.stderr
+    assert not (tmp_path / "run").exists()

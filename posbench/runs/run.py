@@ -43,7 +43,8 @@ from posbench.runs.loggers import NoLogger, make_logger
 from posbench.model.transformer import build_model
 from posbench.runs.results import (RESULTS, length_metrics, load_results, print_curve,
                                    results_record, write_results)
-from posbench.runs.train import Progress, fit
+from posbench.runs.train import Progress, fit, training_options
+from posbench.runs.trainlog import Validation
 from posbench.core.version import __version__
 
 # config keys that change neither the weights nor the training loss: they may differ on resume
@@ -149,6 +150,7 @@ class Start:
     lock: Optional[FileLock]  # the run dir's, held until the run ends; None on ranks > 0
     evaluations: List[Evaluation]  # planned, run after training
     plant: Optional[Callable] = None  # train_batch's, for train.retrieval_mix
+    validation: Optional[Validation] = None  # every train.val_every steps, on rank 0
 
     def release(self) -> None:
         if self.lock:
@@ -199,6 +201,10 @@ class RunDir:
                                   "process per run dir (nothing was overwritten)")
             device, data, planned = prepare_run(cfg)
             plant = training_mix(cfg, data)
+            t = cfg.train
+            # before the first step: data too short for its windows is refused, not a failed run
+            validation = (Validation(data, t.seq_len, t.batch_size, device, training_options(t))
+                          if distributed.is_main() and t.val_every else None)
             torch.manual_seed(cfg.seed)
             model = build_model(cfg, data.vocab_size)
             checkpoint = None
@@ -207,7 +213,8 @@ class RunDir:
                 check_resumable(cfg, checkpoint, run_dir / CHECKPOINT, data, model)
             elif cfg.train.get("init_from"):
                 initial_weights(Path(cfg.train.init_from), data, model)
-            return Start(device, data, model.to(device), checkpoint, lock, planned, plant)
+            return Start(device, data, model.to(device), checkpoint, lock, planned, plant,
+                         validation)
         except BaseException:
             if lock:
                 lock.release()

@@ -24,7 +24,7 @@ from posbench.core.device import allow_tf32, autocast, rng_state, set_rng_state
 from posbench.evaluations.base import set_eval_options
 from posbench.runs.extend import curve_for, pose_positions
 from posbench.core.progress import Bar
-from posbench.runs.trainlog import LOSS_PLOT, METRICS, MetricsLog, Validation, plot_losses
+from posbench.runs.trainlog import LOSS_PLOT, METRICS, MetricsLog, plot_losses
 from posbench.core.version import __version__
 
 
@@ -217,9 +217,7 @@ class TrainingLog:
         t, main = cfg.train, distributed.is_main()
         self.cfg, self.run_dir, self.logger, self.first = cfg, run_dir, logger, first
         self.metrics = MetricsLog(run_dir / METRICS, first) if main else None
-        self.validation = (Validation(start.data, t.seq_len, t.batch_size, start.device,
-                                      training_options(t))
-                           if main and t.val_every else None)
+        self.validation = start.validation
         self.bar = Bar(f"train {cfg.encoding.name}", t.steps, "step", initial=first, enabled=main)
 
     def step(self) -> None:

@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 
 from posbench.core.device import autocast
 from posbench.evaluations.base import set_eval_options
+from posbench.core.errors import ConfigError
 from posbench.evaluations.perplexity import eval_plan
 from posbench.core.io import write_text
 from posbench.core.plots import pyplot, save_figure
@@ -67,9 +68,16 @@ class Validation:
 
     def __init__(self, data, seq_len: int, windows: int, device: torch.device,
                  options: Optional[dict] = None):
-        self.plan = eval_plan(data, seq_len, OmegaConf.create(
-            {"protocol": "nonoverlapping", "tokens": windows * seq_len, "stride": None,
-             "lengths": [seq_len]}))
+        try:
+            self.plan = eval_plan(data, seq_len, OmegaConf.create(
+                {"protocol": "nonoverlapping", "tokens": windows * seq_len, "stride": None,
+                 "lengths": [seq_len]}))
+        except ConfigError:
+            raise ConfigError(
+                f"train.seq_len={seq_len} is not accepted with train.batch_size={windows}: "
+                f"validation scores {windows} windows of {seq_len + 1} tokens, more than the "
+                f"validation documents of {data.name} hold; expected a shorter train.seq_len, a "
+                "smaller train.batch_size, or train.val_every=0") from None
         self.windows, self.device, self.options = windows, device, options or {}
 
     @torch.no_grad()
