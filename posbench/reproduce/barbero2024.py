@@ -1,15 +1,14 @@
 """Barbero, Vitvitskyi, Perivolaropoulos, Pascanu and Veličković 2024 (p-RoPE), Table 2: NoPE,
 RoPE at two bases, p-RoPE at p = 0.25 and 0.75 and the two ablations of 0.75-RoPE, validation
 perplexity at the training length; reduced to posbench's default CPU setting, where the rows
-differ by less than 1% and the seeds' bands decide what can be told apart."""
+differ by less than 1% and a paired interval over the same windows and seeds decides what can be
+told apart."""
 from posbench.reproduce.base import Reproduction, Sweep, register
-from posbench.reproduce.claims import Below
+from posbench.reproduce.claims import PAIRED_WHY, Below
 
 ROWS = ("nope", "rope_10k", "rope_500k", "p_rope_0.25", "p_rope_0.75", "reversed_0.75",
         "partial_0.75")  # posbench/conf/barbero2024/<row>.yaml
-WHY = ("the paper's rows differ by 0.3-2% (one seed each); posbench's seeds spread by 1-2% at L "
-       "at this scale, so each pair is judged by the two means' 95% bands with no margin added: "
-       "a difference inside them is a tie the seeds cannot resolve")
+WHY = f"the paper's rows differ by 0.3-2% (one seed each); {PAIRED_WHY}"
 
 
 @register("barbero2024", "p-RoPE Table 2: NoPE, RoPE 10k/500k, 0.25/0.75-p-RoPE, ablations (CPU)")

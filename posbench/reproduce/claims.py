@@ -20,6 +20,10 @@ from posbench.reports.paired import Paired, paired
 REPRODUCED, NOT_REPRODUCED, NOT_COMPARABLE = ("reproduced", "not reproduced",
                                               "not comparable at this scale")
 VERDICTS = (REPRODUCED, NOT_REPRODUCED, NOT_COMPARABLE)
+# the why of a Below claim with no margin, which entries complete with their paper's gaps
+PAIRED_WHY = ("each pair is judged paired, on the same windows and seeds (posbench/reports/"
+              "paired.py), no margin added: a 95% interval that holds no difference is a tie the "
+              "seeds and windows cannot resolve")
 
 
 @dataclass(frozen=True)

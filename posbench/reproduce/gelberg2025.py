@@ -3,12 +3,11 @@ training steps, against NoPE (dropped at 0) and RoPE (never dropped), validation
 the training length; reduced to posbench's default CPU setting with every row under DroPE's
 QK-norm (posbench/conf/gelberg2025)."""
 from posbench.reproduce.base import Reproduction, Sweep, register
-from posbench.reproduce.claims import Below, WithinBest
+from posbench.reproduce.claims import PAIRED_WHY, Below, WithinBest
 
 ROWS = ("nope", "drop_8of16", "drop_14of16", "rope")
 DROPS = {0.5: "drop_8of16", 0.875: "drop_14of16"}  # train.switch_encoding_at -> row
-BANDS = ("each pair is judged by the two means' 95% bands over seeds, no margin added: the "
-         "paper's gaps are 3-9% with one seed each, posbench's seeds spread by 1-2% at L")
+WHY = f"the paper's gaps are 3-9% with one seed each; {PAIRED_WHY}"
 
 
 @register("gelberg2025", "DroPE Table 6: RoPE dropped at 8/16 and 14/16 of training (CPU)")
@@ -40,11 +39,11 @@ class Gelberg2025(Reproduction):
                    "measured with the drop at 7/8 before this entry", groups=("drop_14of16",
                                                                               "rope"), at=1.0),
         Below("later_drop_better", "dropping later is better: 14/16 ahead of 8/16 (21.73 "
-              "against 22.42, +3.2%)", 0.0, BANDS, lower="drop_14of16", higher="drop_8of16"),
+              "against 22.42, +3.2%)", 0.0, WHY, lower="drop_14of16", higher="drop_8of16"),
         Below("early_drop_ahead_of_nope", "even dropped at 8/16 the model is ahead of NoPE "
-              "(22.42 against 23.77, +6.0%)", 0.0, BANDS, lower="drop_8of16", higher="nope"),
+              "(22.42 against 23.77, +6.0%)", 0.0, WHY, lower="drop_8of16", higher="nope"),
         Below("nope_behind_rope", "NoPE trained from scratch is behind RoPE (23.77 against "
-              "21.72, +9.4%)", 0.0, BANDS, lower="rope", higher="nope"),
+              "21.72, +9.4%)", 0.0, WHY, lower="rope", higher="nope"),
     )
     cost = ("12 jobs (4 rows x 3 seeds) of 2000 steps of 16 x 128 tokens, one per core: each "
             "about 6 minutes on one core of an idle 2-core x86-64, about 40 minutes on two; "
