@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 import posbench.core.resolvers  # noqa: F401  the ${posbench.*} resolvers of conf/config.yaml
 from posbench.config import check, register_schemas, register_target_schema
@@ -38,9 +38,12 @@ def compose(overrides: Optional[List[str]] = None) -> DictConfig:
         # without the encoding's own keys, which a user's `_target_` class types only once
         # register_target_schema has imported it
         chosen = [o for o in overrides if not override_key(o).startswith("encoding.")]
-        register_target_schema(hydra_compose(config_name="config", overrides=chosen,
-                                             return_hydra_config=True))
-        cfg = hydra_compose(config_name="config", overrides=overrides)
+        cfg = hydra_compose(config_name="config", overrides=chosen, return_hydra_config=True)
+        if register_target_schema(cfg) or chosen != overrides:
+            cfg = hydra_compose(config_name="config", overrides=overrides)
+        else:  # nothing the first composition lacked: it is the config, less its hydra node
+            with open_dict(cfg):
+                del cfg["hydra"]
     check(cfg)
     return cfg
 

@@ -175,23 +175,24 @@ warnings.filterwarnings("ignore", category=UserWarning,
                         message=r"\s*'encoding/\S+' is validated against ConfigStore schema")
 
 
-def register_target_schema(cfg: DictConfig) -> None:
+def register_target_schema(cfg: DictConfig) -> bool:
     """An encoding config file with `_target_` (the user's own class) is typed by its class's
     Config: stored as the ConfigStore schema of the file's name, which Hydra merges the file into,
     so that `encoding.KEY=VALUE` overrides a field the file does not set, and a class that
     registers itself under the file's name (whose schema has no `_target_`) no longer clashes with
     it. `cfg`: a composed config with its hydra node, which names the file chosen; Hydra sees the
-    schema from the next composition on."""
+    schema from the next composition on. Returns whether it stored one."""
     from posbench.encodings.base import encoding_class
 
     target = cfg.encoding.get("_target_")
     if target is None:
-        return
+        return False
     typed = OmegaConf.structured(encoding_class(cfg.encoding).Config)  # imports the class
     with open_dict(typed):
         typed._target_ = target
     ConfigStore.instance().store(group="encoding", name=cfg.hydra.runtime.choices.encoding,
                                  node=typed)
+    return True
 
 
 def _no_extra_keys(node: DictConfig, schema: type, prefix: str = "") -> None:
