@@ -30,7 +30,7 @@ from posbench.core.io import write_text
 from posbench import evaluations
 from posbench.evaluations import retrieval
 from posbench.reports.html import PAGE, write_html
-from posbench.reports import paired
+from posbench.reports import paired, tuning
 from posbench.core.parity import UNDER_TRAINED, Gap, parity_gaps
 from posbench.runs.extend import plot_sweep
 from posbench.core.plots import METRICS, plot_curves
@@ -369,8 +369,12 @@ def write_report(root: Path, only: Optional[str] = None) -> Dict[str, dict]:
               + "."]
     lines += [f"- **{label}** is {UNDER_TRAINED}." for label, gap in gaps.items()
               if gap.under_trained]
-    lines += paired.report_lines({k: v for k, v in groups.items() if k not in base_of},
-                                 {label: gap.best for label, gap in gaps.items()})
+    trained = {k: v for k, v in groups.items() if k not in base_of}
+    lines += paired.report_lines(trained, {label: gap.best for label, gap in gaps.items()})
+    ppl_table = tables["ppl"]
+    lines += tuning.report_lines(
+        trained, growth=lambda g: log_ppl_growth(ppl_table.get(g, {}), train_of[g]),
+        ppl_at_train=lambda g: ppl_table.get(g, {}).get(train_of[g], {}).get("mean"))
     if "accuracy" in tables:
         lines += ["", f"Exact-match accuracy by evaluation length{band}.", ""]
         lines += _markdown_table(tables["accuracy"], 3)
