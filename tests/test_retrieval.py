@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import posbench
-from posbench.evaluations.base import effective_length
+from posbench.evaluations.base import effective_length, relative_effective_length
 from posbench.evaluations.perplexity import ppl_effective_length
 from posbench.evaluations.retrieval import Passkeys, Retrieval, key_scores, mixer, sequences
 from helpers import posbench_cli, run_in_process
@@ -112,6 +112,15 @@ def test_effective_lengths_of_hand_made_curves():
     assert effective_length([(128, 1.0), (64, 1.0)], 1.0) == 128
     assert effective_length([(64, 0.9), (128, 2.0)], 1.0) is None
     assert effective_length([(64, 2.0), (128, None), (256, 2.0)], 1.0) == 64  # oom stops it
+
+
+def test_relative_effective_lengths_keep_85_percent_of_the_shortest_lengths_score():
+    # base 4.0 at 64: a length counts while its score is >= 3.4
+    assert relative_effective_length([(128, 3.4), (64, 4.0), (256, 3.39), (512, 4.0)]) == 128
+    assert relative_effective_length([(64, 0.2), (128, 0.18), (256, 0.1)]) == 128
+    assert relative_effective_length([(64, 0.0), (128, 1.0)]) is None  # nothing to keep
+    assert relative_effective_length([(64, None), (128, 1.0)]) is None
+    assert relative_effective_length([]) is None
     curve = [{"length": 32, "ppl": 9.0}, {"length": 64, "ppl": 4.0},
              {"length": 128, "ppl": 4.3}, {"length": 256, "ppl": 4.5},
              {"length": 512, "ppl": 4.2}]
@@ -161,13 +170,15 @@ def test_train_writes_the_grid_the_heatmap_and_effective_lengths(tmp_path, toy):
     assert [p["length"] for p in r["by_length"]] == [64, 128]
     effective = record["eval"]["effective_length"]
     assert effective["retrieval"] == r["effective_length"]
+    assert effective["retrieval_relative"] == r["relative_effective_length"] == \
+        relative_effective_length([(p["length"], p["bits_saved"]) for p in r["by_length"]])
     assert effective["ppl"] in (64, 128) and record["eval"]["ppl_tolerance"] == 0.1
     assert record["config"]["train"]["retrieval_mix"] == 0.5
     assert (tmp_path / "run" / "retrieval_heatmap.png").stat().st_size > 0
 
     proc = posbench_cli("report", "run", cwd=tmp_path)
     summary = (tmp_path / "run" / "summary.md").read_text()
-    assert "| encoding | by ppl | by retrieval |" in summary
+    assert "| encoding | by ppl | by retrieval | by retrieval, relative |" in summary
     assert "bits saved per key token by length" in summary
     assert (tmp_path / "run" / "retrieval_grid.png").stat().st_size > 0
     assert "retrieval_grid.png" in proc.stdout

@@ -267,3 +267,19 @@ def effective_length(points, threshold: float) -> Optional[int]:
             break
         best = length
     return best
+
+
+# NoLiMa's relative rule (Modarressi et al. 2025): a length counts while the score keeps this
+# share of the model's own score at its shortest length
+RELATIVE_SHARE = 0.85
+
+
+def relative_effective_length(points) -> Optional[int]:
+    """The largest length up to which the score stays >= RELATIVE_SHARE times its value at the
+    shortest evaluated length (at it and at every shorter length): an effective length that a
+    small model, whose best score is far from any absolute threshold, can have too. None when
+    that base score is missing or not positive."""
+    points = sorted(points)
+    if not points or points[0][1] is None or not points[0][1] > 0:
+        return None
+    return effective_length(points, RELATIVE_SHARE * points[0][1])

@@ -31,8 +31,9 @@ import torch
 from posbench.data.base import dataset_class, dataset_config
 from posbench.data.tokenize import Tokenizer
 from posbench.core.errors import ConfigError, require, require_positive
-from posbench.evaluations.base import (EvalConfig, Section, SectionConfig, effective_length,
-                                       eval_config, register, scored_within_memory,
+from posbench.evaluations.base import (RELATIVE_SHARE, EvalConfig, Section, SectionConfig,
+                                       effective_length, eval_config, register,
+                                       relative_effective_length, scored_within_memory,
                                        set_eval_options, with_train_length)
 from posbench.evaluations.perplexity import ppl_effective_length
 from posbench.core.plots import pyplot, save_figure
@@ -269,7 +270,9 @@ def evaluate_retrieval(model, passkeys: Passkeys, eval_cfg, train_len: int,
             "keys": r.keys, "trials": r.trials, "seed": r.seed, "depths": list(r.depths),
             "metric": r.metric, "threshold": r.threshold, "grid": grid, "by_length": summary,
             "effective_length": effective_length(
-                [(p["length"], p.get(r.metric)) for p in summary], r.threshold)}
+                [(p["length"], p.get(r.metric)) for p in summary], r.threshold),
+            "relative_effective_length": relative_effective_length(
+                [(p["length"], p.get(r.metric)) for p in summary])}
 
 
 def by_length(grid: List[dict]) -> List[dict]:
@@ -404,9 +407,11 @@ def report_lines(runs: List[dict], labels: dict) -> List[str]:
         groups.setdefault(labels[i], []).append(run)
     lines = ["", "Effective context length (tokens; one value per seed where seeds differ): the "
              "largest length up to which perplexity stays within (1 + eval.ppl_tolerance) of "
-             "its value at the training length, and up to which passkey retrieval stays at or "
-             "above eval.retrieval.threshold.", "",
-             "| encoding | by ppl | by retrieval |", "|---|---:|---:|"]
+             "its value at the training length; up to which passkey retrieval stays at or "
+             "above eval.retrieval.threshold (RULER's absolute rule); and up to which it keeps "
+             f"{RELATIVE_SHARE:.0%} of the run's own score at its shortest length (NoLiMa's "
+             "relative rule).", "",
+             "| encoding | by ppl | by retrieval | by retrieval, relative |", "|---|---:|---:|---:|"]
     for label, members in groups.items():
         found = [r["eval"].get("effective_length", {}) for r in members]
         # by ppl from the curve itself, so that runs recorded without the field count too
@@ -415,8 +420,11 @@ def report_lines(runs: List[dict], labels: dict) -> List[str]:
                                            "ppl_tolerance", EvalConfig.ppl_tolerance))
                   for r in members]
         scored = all(r["eval"].get("retrieval") for r in members)
+        relative = [r["eval"]["retrieval"].get("relative_effective_length") for r in members
+                    if scored]
         lines.append(f"| {label} | {_values(by_ppl)} | "
-                     + (_values([e.get("retrieval") for e in found]) if scored else "—") + " |")
+                     + (_values([e.get("retrieval") for e in found]) if scored else "—") + " | "
+                     + (_values(relative) if scored else "—") + " |")
     scored = {label: [r["eval"]["retrieval"] for r in members if r["eval"].get("retrieval")]
               for label, members in groups.items()}
     scored = {label: records for label, records in scored.items() if records}

@@ -51,7 +51,11 @@ def results_record(cfg, model, data, curve: List[dict], train: dict,
                  "effective_length": {
                      "ppl": ppl_effective_length(curve, cfg.train.seq_len, tolerance),
                      **{s.name: result["effective_length"] if result else None
-                        for s, result in ran.items() if s.has_effective_length}},
+                        for s, result in ran.items() if s.has_effective_length},
+                     # NoLiMa's relative rule, where a section gives it
+                     **{f"{s.name}_relative": result["relative_effective_length"]
+                        for s, result in ran.items()
+                        if result and "relative_effective_length" in result}},
                  "curve": curve,
                  **{s.name: result for s, result in ran.items()}},
         "notes": model.encoding.notes(),
