@@ -9,7 +9,8 @@ in this package, registered as encodings and evaluations are:
         device = "cpu"                       # or "cuda", with reduced = "<its CPU entry>"
         reduction = "what is reduced from the paper's setting"   # "" at the paper's setting
         axis = "length"                      # or "size", or "score" (below)
-        metric = "ppl"                       # or "accuracy" (a task's exact match)
+        metric = "ppl"                       # or "accuracy" (a task's exact match), or
+                                             # "token_accuracy" (its answer tokens right)
         paper_train_length = 512
         sweep = Sweep(experiment=None, overrides=("encoding=rope,alibi", ...))
         groups = ("rope", "alibi")           # the encodings compared
@@ -40,7 +41,7 @@ from posbench.reproduce.claims import Claim, Measured
 
 DEVICES = ("cpu", "cuda")
 AXES = ("length", "size", "score")
-METRICS = ("ppl", "accuracy")
+METRICS = ("ppl", "accuracy", "token_accuracy")
 
 
 @dataclass(frozen=True)

@@ -430,3 +430,85 @@ class Below(Claim):
         if gap < -band:
             return NOT_REPRODUCED, detail + f" ({self.lower} is the higher, beyond the band)"
         return NOT_COMPARABLE, detail + " (inside the band: the seeds cannot tell them apart)"
+
+
+def gain_past(m: Measured, task: str, first: str, second: str, past: float = 1.0,
+              upto: float = math.inf) -> Optional[float]:
+    """The mean over the x in (past, upto] where `task/first` and `task/second` were both
+    measured of second - first; None where there is no such x."""
+    a = m.values.get(task_group(task, first), {})
+    b = m.values.get(task_group(task, second), {})
+    xs = [x for x in a if x in b and past + 1e-9 < x <= upto + 1e-9]
+    return sum(b[x] - a[x] for x in xs) / len(xs) if xs else None
+
+
+@dataclass(frozen=True)
+class MeanGain(Claim):
+    """The second group of each of `pairs` raises a task's accuracy past L over the first, on
+    average: each task's gain is the mean over the x in (past, upto] where both `task/first` and
+    `task/second` were measured of their difference (second - first), and the claim's gain the
+    mean of those over `tasks` and `pairs`, at least `least` within `tolerance` (accuracy points).
+    A gain at or below 0 is not reproduced; one between 0 and least - tolerance is inside the
+    noise (not comparable). A task where either group is under `learned` at L is left out, its
+    length generalization not readable; fewer than `min_tasks` counted for a pair is not
+    comparable, and so is a pair with a task not measured past L (a mean over some of the tasks
+    is another number)."""
+    tasks: Tuple[str, ...] = ()
+    pairs: Tuple[Tuple[str, str], ...] = ()
+    past: float = 1.0
+    upto: float = math.inf
+    least: float = 0.0
+    learned: Optional[float] = 0.95
+    min_tasks: int = 1
+    unit: str = field(default="accuracy", kw_only=True)
+
+    def judge(self, m: Measured) -> Tuple[str, str]:
+        gains: List[float] = []
+        parts, unlearned, missing, short = [], [], [], []
+        for first, second in self.pairs:
+            counted, absent = {}, []
+            for task in self.tasks:
+                gain = gain_past(m, task, first, second, self.past, self.upto)
+                if gain is None:
+                    absent.append(task)
+                    continue
+                at_l = {g: m.values[task_group(task, g)].get(1.0, 0.0) for g in (first, second)}
+                below = [f"{task_group(task, g)} {v:.3f}" for g, v in at_l.items()
+                         if self.learned is not None and v < self.learned]
+                if below:
+                    unlearned += below
+                    continue
+                counted[task] = gain
+            if counted:
+                parts.append(f"{second} - {first}: {sum(counted.values()) / len(counted):+.3f} "
+                             "(" + ", ".join(f"{t} {g:+.3f}" for t, g in counted.items()) + ")")
+            if absent:
+                missing.append(f"{first} and {second} on "
+                               + ("every task" if len(absent) == len(self.tasks)
+                                  else ", ".join(absent)))
+            if len(counted) < self.min_tasks:
+                short.append(f"{second} - {first} on {len(counted)}")
+            gains += counted.values()
+        notes = ((f"; not learned at L (under {self.learned:g}), left out: "
+                  + ", ".join(unlearned) if unlearned else "")
+                 + (f"; not both measured past {x_text(self.past)}: {'; '.join(missing)}"
+                    if missing else ""))
+        if not gains:
+            return NOT_COMPARABLE, "no task was counted for any pair" + notes
+        gain = sum(gains) / len(gains)
+        over = (f"{len(gains)} task{'s' * (len(gains) != 1)}" if len(self.pairs) == 1
+                else f"{len(gains)} gains (tasks by pairs)")
+        detail = (f"mean gain past {x_text(self.past)} over {over}: {gain:+.3f}; "
+                  + "; ".join(parts) + notes)
+        if missing:
+            return NOT_COMPARABLE, detail
+        if short:
+            return NOT_COMPARABLE, (detail + f" (fewer than {self.min_tasks} tasks counted: "
+                                    + ", ".join(short) + ")")
+        if gain >= self.least - self.tolerance:
+            return REPRODUCED, detail + (f" (at least {self.least:g} within "
+                                         f"{self.tolerance:g} accepted)")
+        if gain <= 0:
+            return NOT_REPRODUCED, detail + " (no gain)"
+        return NOT_COMPARABLE, detail + (f" (a gain under {self.least - self.tolerance:g}, "
+                                         "inside the noise)")
