@@ -1,0 +1,486 @@
+"""RULER's tasks (posbench/evaluations/ruler.py): each preset's instances parsed back from their
+bytes and checked against its definition (needles, distractors, counts, distinctness, depth, the
+answer and what is scored, the sequence without the answer's needles), GPT-2 BPE draws, seeding,
+the refusals, both scores against per-token losses computed here, and the CLI (train, re-score)."""
+import copy
+import dataclasses
+import functools
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import posbench
+from helpers import posbench_cli, results, run_in_process
+from posbench.data import prepare
+from posbench.data.tokenize import _byte_chars
+from posbench.evaluations.ruler import (PRESETS, Ruler, Task, Vocabulary, answer_scores,
+                                       instances)
+
+WORD, NUMBER, NAME = rb"[a-z]{3}", rb"[0-9]{4}", rb"[A-Z]{3}"
+UUID = rb"[0-9a-f]{4}-[0-9a-f]{4}"
+NEEDLE = re.compile(rb"key (%s|%s) is (%s|%s)\. " % (UUID, WORD, UUID, NUMBER))
+STATEMENT = re.compile(rb"var (%s) = (%s|%s)\. " % (NAME, NAME, NUMBER))
+NOISE = b"the hills are quiet and the river runs slow. "
+# RULER's presets at the defaults: haystack, key and value forms, distinct keys of the needles
+# planted, values per key, keys asked
+SPEC = {
+    "niah_single_1": ("noise", WORD, NUMBER, 1, 1, 1),
+    "niah_single_2": ("text", WORD, NUMBER, 1, 1, 1),
+    "niah_single_3": ("text", WORD, UUID, 1, 1, 1),
+    "niah_multikey_1": ("text", WORD, NUMBER, 4, 1, 1),
+    "niah_multikey_2": ("needle", WORD, NUMBER, 1, 1, 1),
+    "niah_multikey_3": ("needle", UUID, UUID, 1, 1, 1),
+    "niah_multivalue": ("text", WORD, NUMBER, 1, 4, 1),
+    "niah_multiquery": ("text", WORD, NUMBER, 2, 1, 2),
+    "niah_control": ("blank", WORD, NUMBER, 1, 1, 1),
+}
+
+
+@pytest.fixture(scope="module")
+def vocab(stdlib_data):
+    return Vocabulary(stdlib_data, posbench.compose([]).dataset)
+
+
+@pytest.fixture(scope="module")
+def val_text(stdlib_data):
+    d = stdlib_data
+    return bytes(np.asarray(d.tokens[d.val_docs[0]:d.val_docs[-1]], dtype=np.uint8))
+
+
+@functools.lru_cache(maxsize=None)
+def defaults():
+    return Ruler.config(posbench.compose([]))
+
+
+def config(**values):
+    """eval.ruler's composed defaults with `values` in place."""
+    return dataclasses.replace(defaults(), **values)
+
+
+def at_depth(depth, hay, unit):
+    """The boundary (a multiple of unit, or the haystack's end) nearest depth x hay, the lower
+    at a tie."""
+    return min({*range(0, hay + 1, unit), hay}, key=lambda b: (abs(b - depth * hay), b))
+
+
+def parse(row):
+    """A niah instance's context, asked keys, answer bytes, whole needles (start, end, key,
+    value) in the context, and the values the answer gives per key."""
+    text = bytes(np.asarray(row, dtype=np.uint8))
+    ctx, _, rest = text.rpartition(b"\nwhat is key ")
+    asked, _, answer = rest.partition(b"? ")
+    needles = [(m.start(), m.end(), m.group(1), m.group(2)) for m in NEEDLE.finditer(ctx)]
+    given = {}
+    for segment in re.split(rb", (?=key )", answer):
+        m = re.fullmatch(rb"key (\S+) is (.+)", segment)
+        given[m.group(1)] = m.group(2).split(b", ")
+    return ctx, asked.split(b", "), answer, needles, given
+
+
+def scored_bytes(answer: bytes) -> np.ndarray:
+    """The answer's value characters: not "key K is ", not ", ", not a uuid's hyphen."""
+    mask = np.array([c not in b", -" for c in answer])
+    for m in re.finditer(rb"key \S+ is ", answer):
+        mask[m.start():m.end()] = False
+    return mask
+
+
+def without(ctx: bytes, spans) -> bytes:
+    """ctx with the spans (start, end) cut out."""
+    out, at = b"", 0
+    for start, end in sorted(spans):
+        out, at = out + ctx[at:start], end
+    return out + ctx[at:]
+
+
+def filler_before(start, spans) -> int:
+    """Haystack bytes before `start`: those of the planted needles before it not counted."""
+    return start - sum(e - s for s, e in spans if e <= start)
+
+
+@pytest.mark.parametrize("name", list(SPEC))
+@pytest.mark.parametrize("depth", [0.0, 0.3, 1.0])
+def test_each_niah_preset_plants_its_needles_at_their_depth_and_asks_for_them(
+        vocab, val_text, name, depth):
+    haystack, key_form, value_form, n_keys, n_values, n_asked = SPEC[name]
+    length = 200 if haystack != "needle" else 300
+    for inst in instances(Task(name, config(), vocab), config(trials=3), length, depth):
+        assert len(inst.row) == len(inst.removed) == length + 1
+        ctx, asked, answer, needles, given = parse(inst.row)
+        assert list(given) == asked and len(asked) == n_asked
+        assert np.array_equal(inst.scored, scored_bytes(answer))
+        keys = [k for _, _, k, _ in needles]
+        values = [v for _, _, _, v in needles]
+        assert all(re.fullmatch(key_form, k) for k in keys)
+        assert all(re.fullmatch(value_form, v) for v in values)
+        assert len(set(values)) == len(values) and not set(keys) & set(values)  # all distinct
+        for key in asked:  # every value of an asked key, in the text's order
+            assert given[key] == [v for _, _, k, v in needles if k == key]
+        if haystack == "needle":  # the asked needle among needles of distinct other keys
+            assert len(set(keys)) == len(keys) and asked[0] in keys
+            planted = [(s, e) for s, e, k, _ in needles if k == asked[0]]
+            unit = planted[0][1] - planted[0][0]
+        else:
+            assert len(needles) == n_keys * n_values and len(set(keys)) == n_keys
+            assert all(keys.count(k) == n_values for k in keys) and set(asked) <= set(keys)
+            planted = [(s, e) for s, e, _, _ in needles]
+            unit = len(NOISE) if haystack == "noise" else 1
+        hay = without(ctx, planted)
+        if haystack == "noise":
+            assert hay == (NOISE * len(hay))[:len(hay)]
+        elif haystack == "blank":
+            assert hay == b" " * len(hay)
+        elif haystack == "text":
+            assert hay in val_text  # one stretch of a validation document
+        else:  # whole needles, the last one cut at the haystack's end
+            tail = len(hay) % unit
+            assert len(NEEDLE.findall(hay[:len(hay) - tail])) == len(hay) // unit
+        # depth: the first answer's needle; the others at boundaries (a multivalue key's after)
+        first = next(s for s, _, k, v in needles if k == asked[0] and v == given[asked[0]][0])
+        assert filler_before(first, planted) == at_depth(depth, len(hay), unit)
+        for s, _ in planted:
+            offset = filler_before(s, planted)
+            assert offset % unit == 0 or offset == len(hay)
+            if n_values > 1:
+                assert offset >= filler_before(first, planted)
+
+        # without the needles that hold the answer: the haystack runs on to the same length
+        ctx_2, asked_2, answer_2, needles_2, _ = parse(inst.removed)
+        assert (asked_2, answer_2) == (asked, answer)
+        assert not {k for _, _, k, _ in needles_2} & set(asked)
+        kept = [(s, e) for s, e, k, _ in needles if k not in asked]
+        if haystack != "needle":
+            assert [k for _, _, k, _ in needles_2] == [k for _, _, k, _ in needles
+                                                       if k not in asked]
+            spans_2 = [(s, e) for s, e, _, _ in needles_2]
+            assert [filler_before(s, spans_2) for s, _ in spans_2] == \
+                [filler_before(s, planted) for s, _ in kept]
+            hay_2 = without(ctx_2, spans_2)
+        else:
+            hay_2 = ctx_2
+        assert hay_2.startswith(hay) and len(hay_2) == len(hay) + sum(e - s for s, e in planted
+                                                                       if (s, e) not in kept)
+
+
+@pytest.mark.parametrize("chains", [1, 2])
+@pytest.mark.parametrize("depth", [0.0, 0.6, 1.0])
+def test_variable_tracking_asks_for_every_name_bound_to_the_value(vocab, chains, depth):
+    cfg = config(chains=chains, trials=3)
+    for inst in instances(Task("vt", cfg, vocab), cfg, 300, depth):
+        text = bytes(inst.row.astype(np.uint8))
+        ctx, _, rest = text.rpartition(b"\nwhich vars are ")
+        value, _, answer = rest.partition(b"? ")
+        names = answer.split(b", ")
+        statements = [(m.start(), m.end(), m.group(1), m.group(2))
+                      for m in STATEMENT.finditer(ctx)]
+        assert len(statements) == chains * 5 and re.fullmatch(NUMBER, value)
+        lhs = [x for _, _, x, _ in statements]
+        assert len(set(lhs)) == len(lhs)
+        bound, grew = {value}, True  # every name the value reaches, in any order of statements
+        while grew:
+            new = {x for _, _, x, y in statements if y in bound} - bound
+            bound, grew = bound | new, bool(new)
+        assert set(names) == bound - {value} and len(names) == 5
+        chain = [x for _, _, x, y in statements if x in bound]
+        assert chain == names  # in the chain's order, which is the text's
+        assert [y for _, _, x, y in statements if x in bound] == [value] + names[:-1]
+        spans = [(s, e) for s, e, _, _ in statements]
+        hay = without(ctx, spans)
+        assert hay == (NOISE * len(hay))[:len(hay)]
+        assert filler_before(statements[lhs.index(names[0])][0], spans) == \
+            at_depth(depth, len(hay), len(NOISE))
+        np.testing.assert_array_equal(
+            inst.scored, [c not in b", " for c in answer])
+        removed = bytes(inst.removed.astype(np.uint8))
+        assert removed.endswith(text[len(ctx):])
+        assert {m.group(1) for m in STATEMENT.finditer(removed)} == set(lhs) - set(names)
+
+
+def test_the_same_sequences_for_every_run_and_others_for_another_seed_task_or_cell(
+        stdlib_data, vocab):
+    cfg = config(trials=2)
+    np.random.seed(1), torch.manual_seed(1)
+    a = instances(Task("niah_multikey_1", cfg, vocab), cfg, 256, 0.25)
+    np.random.seed(2), torch.manual_seed(2)  # the global generators play no part
+    again = Vocabulary(stdlib_data, posbench.compose([]).dataset)
+    b = instances(Task("niah_multikey_1", cfg, again), cfg, 256, 0.25)
+    rows = lambda made: np.stack([np.concatenate([m.row, m.removed]) for m in made])
+    assert np.array_equal(rows(a), rows(b))
+    others = [instances(Task("niah_multikey_1", config(seed=1), vocab), config(seed=1, trials=2),
+                        256, 0.25),
+              instances(Task("niah_single_2", cfg, vocab), cfg, 256, 0.25),
+              instances(Task("niah_multikey_1", cfg, vocab), cfg, 256, 0.5),
+              instances(Task("niah_multikey_1", cfg, vocab), cfg, 320, 0.25)]
+    assert all(not np.array_equal(rows(a)[:, :257], rows(o)[:, :257]) for o in others)
+    assert not np.array_equal(a[0].row, a[1].row)  # a sequence per trial
+
+
+def test_under_bos_every_instance_starts_with_it_and_keeps_its_length():
+    cfg = posbench.compose(["dataset.bos=true"])
+    data = prepare(cfg.dataset)
+    r = config(trials=1)
+    task = Task("niah_single_2", r, Vocabulary(data, cfg.dataset))
+    (inst,) = instances(task, r, 128, 0.5)
+    assert inst.row[0] == inst.removed[0] == data.bos and len(inst.row) == 129
+    ctx, asked, _, needles, given = parse(inst.row[1:])
+    assert [k for _, _, k, _ in needles] == asked and len(ctx) == 128 - 50 + 17
+
+
+# ---- GPT-2 BPE: keys and values are the tokenizer's own tokens ---------------------------------
+
+MERGES = [("1", "2"), ("3", "4"), ("7", "7"), ("a", "b"), ("c", "d"), ("e", "f"), ("ab", "cd"),
+          ("Q", "X"), ("t", "h"), ("th", "e"), ("Ġ", "the"), ("k", "e"), ("ke", "y")]
+
+
+@pytest.fixture(scope="module")
+def bpe_vocab(tmp_path_factory):
+    """A corpus tokenized by a small GPT-2 BPE of the merges above, and its id -> bytes."""
+    root = tmp_path_factory.mktemp("bpe")
+    chars = _byte_chars()
+    tokens = chars + [a + b for a, b in MERGES]
+    (root / "bpe").mkdir()
+    (root / "bpe" / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(tokens)}))
+    (root / "bpe" / "merges.txt").write_text(
+        "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in MERGES))
+    rng = np.random.default_rng(0)
+    words = ["the", "12", "34", "77", "abcd", "ef", "QX", "key", "A", "B", "5", "9", "x", "is"]
+    (root / "corpus").mkdir()
+    for i in range(12):
+        (root / "corpus" / f"doc{i}.txt").write_text(" ".join(rng.choice(words, size=1500)))
+    cfg = posbench.compose(["dataset=text", f"dataset.path={root / 'corpus'}",
+                            "dataset.tokenizer=gpt2", f"dataset.tokenizer_path={root / 'bpe'}",
+                            "dataset.val_fraction=0.5"])
+    byte_of = {c: b for b, c in enumerate(chars)}
+    spelled = {i: bytes(byte_of[c] for c in t) for i, t in enumerate(tokens)}
+    return Vocabulary(prepare(cfg.dataset), cfg.dataset), spelled
+
+
+@pytest.mark.parametrize("name", ["niah_single_2", "niah_multikey_3", "vt"])
+def test_bpe_keys_and_values_are_tokens_of_the_tokenizer_spelled_as_their_kind(bpe_vocab, name):
+    vocab, spelled = bpe_vocab
+    assert {spelled[int(i)] for i in vocab.alphabets["numbers"]} >= {b"12", b"34", b"77"}
+    assert {spelled[int(i)] for i in vocab.alphabets["uuids"]} >= {b"abcd", b"ef", b"12"}
+    assert spelled[int(vocab.alphabets["names"][-1])] == b"QX"
+    cfg = config(trials=4)
+    drawn = []
+    for inst in instances(Task(name, cfg, vocab), cfg, 160, 0.5):
+        assert len(inst.row) == 161  # tokens, not bytes
+        text = b"".join(spelled[int(i)] for i in inst.row)
+        answer = inst.row[-len(inst.scored):]
+        drawn += [spelled[int(i)] for i in answer[inst.scored]]
+        if name == "vt":
+            names = text.rpartition(b"? ")[2].split(b", ")
+            assert len(names) == 5 and all(re.fullmatch(rb"[A-Z]+", n) for n in names)
+            assert b"var %s = " % names[1] + names[0] + b". " in text
+            continue
+        key = text.rpartition(b"\nwhat is key ")[2].partition(b"? ")[0]
+        value = text.rpartition(b" is ")[2]
+        assert text.count(b"key %s is %s. " % (key, value)) == 1
+        form = rb"[0-9a-f]+-[0-9a-f]+" if name == "niah_multikey_3" else rb"[0-9]+"
+        assert re.fullmatch(form, value) and re.fullmatch(
+            form if name == "niah_multikey_3" else rb"[a-z]+", key)
+    assert any(len(b) > 1 for b in drawn)  # a merged token, drawn as one
+
+
+# ---- refusals --------------------------------------------------------------------------------
+
+TOY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.steps=3",
+       "train.batch_size=2", "train.seq_len=32", "train.warmup_steps=1", "eval.lengths=[32,64]",
+       "eval.tokens=256", "device=cpu"]
+
+
+@pytest.mark.parametrize("overrides, refusal", [
+    (["eval.ruler.lengths=[64,128]"], "eval.ruler.tasks=niah_multikey_1 at length 64 is not "
+     "accepted: its needles, query and answer take 101 tokens, more than the window's 65; "
+     "expected eval.ruler.lengths of at least 100 for niah_multikey_1"),
+    # needles "key abc is 1. " of 14 bytes; 1025 - 44 haystack bytes and the asked needle's
+    # 14, which its sequence without it fills: 1 + ceil(995 / 14) = 73 numbers
+    (["eval.ruler.lengths=[1024]", "eval.ruler.tasks=[niah_multikey_2]",
+      "eval.ruler.number_tokens=1"], "eval.ruler.number_tokens=1 is not accepted: "
+     "niah_multikey_2 at length 1024 draws 73 distinct numbers, and 1 token(s) of the 10 "
+     "numbers tokens of the run's vocabulary make 10; expected a larger "
+     "eval.ruler.number_tokens or shorter lengths"),
+    (["eval.ruler.tasks=[niah_singel_1]"], "eval.ruler.tasks='niah_singel_1' is not accepted; "
+     "expected one of niah_single_1"),
+    (["eval.ruler.tasks=[vt,vt]"], "expected each task once"),
+    (["eval.ruler.depths=[0,1.5]"], "eval.ruler.depths=1.5 is not accepted; expected depths "
+     "in [0, 1]"),
+    (["eval.ruler.hops=0"], "eval.ruler.hops=0 is not accepted; expected a positive integer"),
+])
+def test_what_cannot_be_drawn_is_refused_in_one_line_before_any_work(
+        tmp_path, monkeypatch, capsys, overrides, refusal):
+    monkeypatch.chdir(tmp_path)
+    proc = run_in_process(["train", *TOY, "eval.ruler.enabled=true", *overrides,
+                           "hydra.run.dir=run"], monkeypatch, capsys)
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and refusal in lines[0], proc.stderr
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()
+    assert not (tmp_path / "run" / "results.json").exists()
+
+
+# ---- scores ----------------------------------------------------------------------------------
+
+def answer_positions(row: np.ndarray, vt: bool) -> np.ndarray:
+    """Where in the row the scored answer tokens are, read from its bytes."""
+    text = bytes(row.astype(np.uint8))
+    start = text.rindex(b"? ") + 2
+    answer = text[start:]
+    mask = np.array([c not in b", " for c in answer]) if vt else scored_bytes(answer)
+    return start + np.flatnonzero(mask)
+
+
+def oracle_bits(model, row: np.ndarray, positions: np.ndarray):
+    """Mean loss in bits of the tokens at `positions` from the model's float64 per-token losses
+    over the whole row, and whether each is the argmax."""
+    x = torch.from_numpy(row.astype(np.int64))
+    with torch.no_grad():
+        logits = model(x[None, :-1])[0]
+    losses = F.cross_entropy(logits, x[1:], reduction="none") / math.log(2)
+    at = torch.from_numpy(positions - 1)  # the input position that predicts each
+    return losses[at].mean().item(), bool((logits[at].argmax(-1) == x[1:][at]).all())
+
+
+def test_bits_saved_and_exact_match_are_the_per_token_losses_computed_here(stdlib_data):
+    cfg = posbench.compose(["model.n_layer=2", "model.d_model=32", "model.n_head=2",
+                            "eval.ruler.enabled=true", "eval.ruler.lengths=[128,160]",
+                            "eval.ruler.depths=[0,1]", "eval.ruler.trials=3",
+                            "eval.ruler.tasks=[niah_multivalue,vt,niah_single_3]",
+                            "eval.batch_tokens=300"])
+    torch.manual_seed(0)
+    model = posbench.build_model(cfg, stdlib_data.vocab_size).eval()
+    section = Ruler(Ruler.config(cfg), cfg, stdlib_data)
+    result = section.run(model, torch.device("cpu"))
+    exact = copy.deepcopy(model).double()
+    assert list(result["tasks"]) == ["niah_multivalue", "vt", "niah_single_3"]
+    for name, task in result["tasks"].items():
+        assert [(c["length"], c["depth"]) for c in task["grid"]] == [
+            (n, d) for n in (128, 160) for d in (0.0, 1.0)]
+        for cell in task["grid"]:
+            made = instances(section.tasks[name], section.cfg, cell["length"], cell["depth"])
+            with_needles, without, hits = [], [], []
+            for inst in made:
+                at = answer_positions(inst.row, name == "vt")
+                assert np.array_equal(at, answer_positions(inst.removed, name == "vt"))
+                loss, hit = oracle_bits(exact, inst.row, at)
+                with_needles.append(loss), hits.append(hit)
+                without.append(oracle_bits(exact, inst.removed, at)[0])
+            assert cell["loss"] == pytest.approx(np.mean(with_needles), abs=1e-4)
+            assert cell["loss_removed"] == pytest.approx(np.mean(without), abs=1e-4)
+            assert cell["bits_saved"] == pytest.approx(np.mean(without) - np.mean(with_needles),
+                                                       abs=1e-4)
+            assert cell["exact_match"] == np.mean(hits)
+        assert task["answer_tokens"] == {"niah_multivalue": 16, "vt": 15,
+                                         "niah_single_3": 8}[name]
+        for point in task["by_length"]:
+            cells = [c for c in task["grid"] if c["length"] == point["length"]]
+            assert point["bits_saved"] == pytest.approx(np.mean([c["bits_saved"] for c in cells]))
+    for point in result["by_length"]:  # RULER's average over tasks
+        assert point["exact_match"] == pytest.approx(np.mean(
+            [p["exact_match"] for t in result["tasks"].values() for p in t["by_length"]
+             if p["length"] == point["length"]]))
+    metrics = Ruler.length_metrics(result)
+    assert metrics[160]["eval/ruler_vt_bits_saved"] == result["tasks"]["vt"]["by_length"][1][
+        "bits_saved"]
+    assert metrics[128]["eval/ruler_bits_saved"] == result["by_length"][0]["bits_saved"]
+
+
+class Copier(nn.Module):
+    """Oracle: at each of the last 48 positions, predicts the token that followed the longest
+    earlier match of the context's suffix (an ideal induction head), with probability 0.99;
+    `hidden` returns the logits."""
+    head = nn.Identity()
+
+    def hidden(self, x):
+        B, T = x.shape
+        logits = torch.zeros(B, T, 256)
+        for b, row in enumerate(x.tolist()):
+            for t in range(T - 48, T):
+                best, pick = 0, None
+                for s in range(t):
+                    n = 0
+                    while n <= s and row[s - n] == row[t - n]:
+                        n += 1
+                    if n >= best and n > 0:
+                        best, pick = n, row[s + 1]
+                if pick is not None:
+                    logits[b, t, pick] = math.log(99 * 255)  # probability 0.99
+        return logits
+
+
+class Blind(nn.Module):
+    """Oracle that ignores the context: the same distribution at every position."""
+    head = nn.Identity()
+
+    def hidden(self, x):
+        return torch.linspace(0, 1, 256).expand(*x.shape, 256)
+
+
+@pytest.mark.parametrize("name", ["niah_single_1", "niah_single_3", "niah_multikey_1",
+                                  "niah_multikey_2", "niah_multikey_3", "niah_multiquery",
+                                  "niah_control"])
+def test_a_copier_retrieves_the_tasks_one_copy_solves_a_blind_model_saves_nothing(vocab, name):
+    cfg = config(trials=2)
+    made = instances(Task(name, cfg, vocab), cfg, 128, 0.5)
+    rows = torch.from_numpy(np.stack([m.row for m in made] + [m.removed for m in made]))
+    scored = torch.from_numpy(made[0].scored)
+    loss, hits = answer_scores(Copier(), rows, scored)
+    assert hits[:2].all() and not hits[2:].any()
+    assert (loss[:2] < 0.1).all() and (loss[2:] - loss[:2] > 5).all()
+    loss, hits = answer_scores(Blind(), rows, scored)
+    assert not hits.any() and torch.equal(loss[:2], loss[2:])
+
+
+def test_report_lines_table_each_task_by_group():
+    def record(bits):
+        point = {"length": 128, "exact_match": 0.5, "bits_saved": bits}
+        task = {"ruler": "r", "by_length": [point], "grid": []}
+        return {"eval": {"ruler": {"tasks": {"vt": task, "niah_single_1": task},
+                                   "by_length": [point]}}}
+    runs = [record(1.0), record(2.0), record(4.0), {"eval": {"ruler": None}}]
+    lines = Ruler.report_lines(runs, {0: "rope", 1: "rope", 2: "alibi", 3: "nope"})
+    text = "\n".join(lines)
+    for name in ("average", "vt", "niah_single_1"):
+        assert f"\n{name} (" in text
+    assert lines.count("| rope | 1.50 (0.50) |") == 3  # the mean over the group's seeds
+    assert lines.count("| alibi | 4.00 (0.50) |") == 3 and "nope" not in text
+
+
+# ---- the command line --------------------------------------------------------------------------
+
+RULER = ["eval.ruler.enabled=true", "eval.ruler.lengths=[128]", "eval.ruler.depths=[0,1]",
+         "eval.ruler.trials=1"]
+
+
+def test_train_scores_every_task_and_a_rescore_gives_the_same_cells(tmp_path):
+    proc = posbench_cli("train", *TOY, *RULER, "hydra.run.dir=run", cwd=tmp_path)
+    r = results(tmp_path / "run")["eval"]["ruler"]
+    assert list(r["tasks"]) == list(PRESETS) and r["format"] == 1
+    assert r["units"] == "bits per answer token" and r["counts"]["queries"] == 2
+    for task in r["tasks"].values():
+        assert [(c["length"], c["depth"]) for c in task["grid"]] == [(128, 0.0), (128, 1.0)]
+        for cell in task["grid"]:
+            assert cell["bits_saved"] == pytest.approx(cell["loss_removed"] - cell["loss"])
+    assert (tmp_path / "run" / "ruler_heatmap.png").stat().st_size > 0
+    assert "niah_multikey_3 (one needle in a haystack of UUID -> UUID needles):" in proc.stdout
+    bits = r["tasks"]["vt"]["by_length"][0]["bits_saved"]
+    exact = r["tasks"]["vt"]["by_length"][0]["exact_match"]
+    assert f"| rope | {bits:.2f} ({exact:.2f}) |" in proc.stdout
+
+    # a re-score with one depth more: the same sequences, so the same scores at the others
+    posbench_cli("eval", "run", "eval.ruler.enabled=true", "eval.ruler.depths=[0,0.5,1]",
+                 cwd=tmp_path)
+    (path,) = (tmp_path / "run").glob("results.eval-*.json")
+    again = json.loads(path.read_text())["eval"]["ruler"]
+    for name, task in r["tasks"].items():
+        cells = {c["depth"]: c for c in again["tasks"][name]["grid"]}
+        assert sorted(cells) == [0.0, 0.5, 1.0]
+        for cell in task["grid"]:
+            assert cells[cell["depth"]] == pytest.approx(cell)
+    assert list((tmp_path / "run").glob("ruler_heatmap.eval-*.png"))
