@@ -37,6 +37,7 @@ def test_every_task_is_registered_and_keeps_its_fingerprint():
                      "task_binary_multiplication", "task_bucket_sort", "task_compute_sqrt",
                      "task_copy", "task_copy_2x",
                      "task_copy_repeat", "task_copy_repeat_2x", "task_copy_replace",
+                     "task_counting_1", "task_counting_3", "task_counting_5",
                      "task_cycle_navigation", "task_duplicate_string", "task_even_pairs",
                      "task_induction", "task_lego", "task_lego_perm",
                      "task_missing_duplicate_string", "task_modular_arithmetic",
@@ -77,7 +78,11 @@ def test_every_task_is_registered_and_keeps_its_fingerprint():
             "task_parity_check": "ParityCheck(symbols=2)",
             "task_reverse_string": "ReverseString(symbols=2)",
             "task_solve_equation": "SolveEquation(symbols=10, modulus=5)",
-            "task_stack_manipulation": "StackManipulation(symbols=6)"}
+            "task_stack_manipulation": "StackManipulation(symbols=6)",
+            # Golovneva et al.'s counting (posbench/data/counting.py)
+            "task_counting_1": "Counting1(symbols=17, nvars=1, weights=(1, 50, 7), max_value=10)",
+            "task_counting_3": "Counting3(symbols=19, nvars=3, weights=(1, 50, 7), max_value=10)",
+            "task_counting_5": "Counting5(symbols=21, nvars=5, weights=(1, 50, 7), max_value=10)"}
     for name in TASKS:
         digest = hashlib.sha256(f"{name},{spec[name]},version=2".encode()).hexdigest()
         assert task_data(name).fingerprint == f"sha256:{digest}"
@@ -201,9 +206,10 @@ def test_task_window_is_the_shortest_length_whose_windows_hold_an_instance_of_a_
     """`${posbench.task_window:S}` in a config: the length n (windows of n + 1 tokens) that the
     task's instances of size S fill, the shortest that holds one."""
     task = task_data(name).task
-    cfg = OmegaConf.create({"dataset": {"name": name}, "one": "${posbench.task_window:3}",
-                            "many": "${posbench.task_window:[2,3]}"})
-    for size, n in ((3, cfg.one), *zip((2, 3), cfg.many)):
+    a, b = max(2, task.min_size), max(3, task.min_size + 1)  # sizes it makes (counting: 6 up)
+    cfg = OmegaConf.create({"dataset": {"name": name}, "one": f"${{posbench.task_window:{b}}}",
+                            "many": f"${{posbench.task_window:[{a},{b}]}}"})
+    for size, n in ((b, cfg.one), *zip((a, b), cfg.many)):
         assert task.size(n + 1) >= size > task.size(n)
         seq, _ = task.make(np.random.default_rng(0), size)
         assert len(seq) <= n + 1
