@@ -43,7 +43,7 @@ def test_a_length_that_runs_out_of_memory_is_recorded_and_the_later_ones_still_r
     """A real allocation failure: the address space is capped 24 MiB above what the process
     maps, so 64-token windows fit but the 64 MiB score blocks of 4096 and 8192 tokens cannot be
     allocated (dense-score path: DA-Transformer)."""
-    cfg = posbench.compose(["encoding=da_transformer", "model=tiny"])
+    cfg = posbench.compose(["encoding=da_transformer", "model=tiny", "model.n_layer=1"])
     torch.manual_seed(0)
     model = posbench.build_model(cfg)
     eval_cfg = OmegaConf.create({"lengths": [64, 4096, 8192], "tokens": 8192, "batch_tokens": 64,
