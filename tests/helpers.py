@@ -1,5 +1,6 @@
 """Checks and runners shared by the tests (imported as `from helpers import ...`)."""
 import json
+import math
 from pathlib import Path
 import shutil
 import subprocess
@@ -189,3 +190,38 @@ def finite_at_16l(*overrides):
     idx = torch.randint(0, 64, (1, 2048), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         return bool(torch.isfinite(model(idx)).all())
+
+
+class Copier(torch.nn.Module):
+    """Oracle: at each of the `last` positions (all when None), predicts the token that followed
+    the longest earlier match of the context's suffix (an ideal induction head), with
+    probability 0.99; `hidden` returns the logits over 256 byte tokens."""
+    head = torch.nn.Identity()
+
+    def __init__(self, last=None):
+        super().__init__()
+        self.last = last
+
+    def hidden(self, x):
+        B, T = x.shape
+        logits = torch.zeros(B, T, 256)
+        for b, row in enumerate(x.tolist()):
+            for t in range(T - (self.last or T), T):
+                best, pick = 0, None
+                for s in range(t):
+                    n = 0
+                    while n <= s and row[s - n] == row[t - n]:
+                        n += 1
+                    if n >= best and n > 0:
+                        best, pick = n, row[s + 1]
+                if pick is not None:
+                    logits[b, t, pick] = math.log(99 * 255)  # probability 0.99
+        return logits
+
+
+class Blind(torch.nn.Module):
+    """Oracle that ignores the context: the same distribution over 256 tokens everywhere."""
+    head = torch.nn.Identity()
+
+    def hidden(self, x):
+        return torch.linspace(0, 1, 256).expand(*x.shape, 256)

@@ -1,18 +1,16 @@
 """Passkey retrieval (posbench/evaluations/retrieval.py): the sequences, both scores against oracles, the
 effective lengths, train.retrieval_mix, and the whole path through the installed command."""
 import json
-import math
 
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 import posbench
 from posbench.evaluations.base import effective_length, relative_effective_length
 from posbench.evaluations.perplexity import ppl_effective_length
 from posbench.evaluations.retrieval import Passkeys, Retrieval, key_scores, mixer, sequences
-from helpers import posbench_cli, run_in_process
+from helpers import Blind, Copier, posbench_cli, run_in_process
 
 QUESTION = b"\nwhat is the key? the key is "
 
@@ -66,36 +64,6 @@ def test_several_keys_are_planted_and_one_is_asked(passkeys):
         assert text(row[a - 13:a]) == b"the key " + asked + b" is "
         assert all(b"the key %d is " % i in line for i in (1, 2, 3))
         assert np.array_equal(row[a:a + 5], row[b:])
-
-
-class Copier(nn.Module):
-    """Oracle: predicts the token that followed the longest earlier match of the context's
-    suffix (an ideal induction head), with probability 0.99; `hidden` returns the logits."""
-    head = nn.Identity()
-
-    def hidden(self, x):
-        B, T = x.shape
-        logits = torch.zeros(B, T, 256)
-        for b, row in enumerate(x.tolist()):
-            for t in range(T):
-                best, pick = 0, None
-                for s in range(t):
-                    n = 0
-                    while n <= s and row[s - n] == row[t - n]:
-                        n += 1
-                    if n >= best and n > 0:
-                        best, pick = n, row[s + 1]
-                if pick is not None:
-                    logits[b, t, pick] = math.log(99 * 255)  # probability 0.99
-        return logits
-
-
-class Blind(nn.Module):
-    """Oracle that ignores the context: the same distribution at every position."""
-    head = nn.Identity()
-
-    def hidden(self, x):
-        return torch.linspace(0, 1, 256).expand(*x.shape, 256)
 
 
 def test_a_copier_scores_exact_match_and_saves_bits_a_blind_model_saves_none(passkeys):

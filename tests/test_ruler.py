@@ -13,10 +13,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 import posbench
-from helpers import posbench_cli, results, run_in_process
+from helpers import Blind, Copier, posbench_cli, results, run_in_process
 from posbench.data import prepare
 from posbench.data.tokenize import _byte_chars
 from posbench.evaluations.ruler import (PRESETS, Ruler, Task, Vocabulary, answer_scores,
@@ -391,37 +390,6 @@ def test_bits_saved_and_exact_match_are_the_per_token_losses_computed_here(stdli
     assert metrics[128]["eval/ruler_bits_saved"] == result["by_length"][0]["bits_saved"]
 
 
-class Copier(nn.Module):
-    """Oracle: at each of the last 48 positions, predicts the token that followed the longest
-    earlier match of the context's suffix (an ideal induction head), with probability 0.99;
-    `hidden` returns the logits."""
-    head = nn.Identity()
-
-    def hidden(self, x):
-        B, T = x.shape
-        logits = torch.zeros(B, T, 256)
-        for b, row in enumerate(x.tolist()):
-            for t in range(T - 48, T):
-                best, pick = 0, None
-                for s in range(t):
-                    n = 0
-                    while n <= s and row[s - n] == row[t - n]:
-                        n += 1
-                    if n >= best and n > 0:
-                        best, pick = n, row[s + 1]
-                if pick is not None:
-                    logits[b, t, pick] = math.log(99 * 255)  # probability 0.99
-        return logits
-
-
-class Blind(nn.Module):
-    """Oracle that ignores the context: the same distribution at every position."""
-    head = nn.Identity()
-
-    def hidden(self, x):
-        return torch.linspace(0, 1, 256).expand(*x.shape, 256)
-
-
 @pytest.mark.parametrize("name", ["niah_single_1", "niah_single_3", "niah_multikey_1",
                                   "niah_multikey_2", "niah_multikey_3", "niah_multiquery",
                                   "niah_control"])
@@ -430,7 +398,7 @@ def test_a_copier_retrieves_the_tasks_one_copy_solves_a_blind_model_saves_nothin
     made = instances(Task(name, cfg, vocab), cfg, 128, 0.5)
     rows = torch.from_numpy(np.stack([m.row for m in made] + [m.removed for m in made]))
     scored = torch.from_numpy(made[0].scored)
-    loss, hits = answer_scores(Copier(), rows, scored)
+    loss, hits = answer_scores(Copier(last=48), rows, scored)
     assert hits[:2].all() and not hits[2:].any()
     assert (loss[:2] < 0.1).all() and (loss[2:] - loss[:2] > 5).all()
     loss, hits = answer_scores(Blind(), rows, scored)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 from posbench.reproduce.base import Reproduction, Sweep, register
+from posbench.reproduce.judge import task_tables
 from posbench.reproduce.claims import (NOT_COMPARABLE, NOT_REPRODUCED, REPRODUCED, AccuracyIn,
                                        Claim, Measured, task_group)
 
@@ -199,14 +200,5 @@ class Golovneva2024(Reproduction):
                 cells += [f"{cls.published[enc][COLUMNS[task]]:.1f}",
                           "—" if ours is None else f"{100 * (1 - ours[0]):.1f}"]
             lines.append(f"| {ROWS[enc]} | {enc} | " + " | ".join(cells) + " |")
-        for task in TASKS:
-            rows = {e: measured.values.get(task_group(task, e), {}) for e in ENCODINGS}
-            xs = sorted({x for row in rows.values() for x in row})
-            if not xs:
-                continue
-            lines += ["", f"## {task}: exact match by length over L", "",
-                      "| encoding | " + " | ".join(f"{x:g}L" for x in xs) + " |",
-                      "|---|" + "---:|" * len(xs)]
-            lines += [f"| {e} | " + " | ".join(f"{row[x]:.3f}" if x in row else "—" for x in xs)
-                      + " |" for e, row in rows.items()]
+        lines += task_tables(measured, TASKS, ENCODINGS, "exact match by length")
         return lines

@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Tuple
 from posbench.core.errors import ConfigError
 from posbench.core.io import write_json, write_text
 from posbench.reports.report import find_runs
-from posbench.reproduce.claims import VERDICTS, Claim, Measured, size_label, x_text
+from posbench.reproduce.claims import VERDICTS, Claim, Measured, size_label, task_group, x_text
 from posbench.runs.results import RESULTS
 from posbench.core.version import __version__
 
@@ -104,6 +104,23 @@ def table(entry, measured: Measured, train_len: int, ratio: bool = False) -> Lis
                     value = value / ours[1.0] if 1.0 in ours else None
             cells.append(_cell(value))
         lines.append(f"| {group} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def task_tables(measured: Measured, tasks, rows, what: str, head: str = "encoding") -> List[str]:
+    """Per task that was measured, a table of each row's score (`what`, e.g. "exact match by
+    instance size") at each x over L: the entries over tasks (`<task>/<row>` groups)."""
+    lines = []
+    for task in tasks:
+        by_row = {r: measured.values.get(task_group(task, r), {}) for r in rows}
+        xs = sorted({x for row in by_row.values() for x in row})
+        if not xs:
+            continue
+        lines += ["", f"## {task}: {what} over L", "",
+                  f"| {head} | " + " | ".join(f"{x:g}L" for x in xs) + " |",
+                  "|---|" + "---:|" * len(xs)]
+        lines += [f"| {r} | " + " | ".join(f"{row[x]:.3f}" if x in row else "—" for x in xs)
+                  + " |" for r, row in by_row.items()]
     return lines
 
 

@@ -6,6 +6,7 @@ from omegaconf import OmegaConf
 
 from posbench.data import build_dataset
 from posbench.reproduce.base import Reproduction, Sweep, register
+from posbench.reproduce.judge import task_tables
 from posbench.reproduce.claims import (AccuracyIn, RankOrder, mean_reciprocal_ranks,
                                        task_group)
 
@@ -100,14 +101,5 @@ class Kazemnejad2023(Reproduction):
                  "| encoding | paper | posbench |", "|---|---:|---:|"]
         lines += [f"| {e} | {cls.published[e]['MRR']:.2f} | "
                   + (f"{mrr[e]:.2f}" if e in mrr else "—") + " |" for e in ENCODINGS]
-        for task in TASKS:
-            rows = {e: measured.values.get(task_group(task, e), {}) for e in ENCODINGS}
-            xs = sorted({x for row in rows.values() for x in row})
-            if not xs:
-                continue
-            lines += ["", f"## {task}: exact match by instance size over L", "",
-                      "| encoding | " + " | ".join(f"{x:g}L" for x in xs) + " |",
-                      "|---|" + "---:|" * len(xs)]
-            lines += [f"| {e} | " + " | ".join(f"{row[x]:.3f}" if x in row else "—" for x in xs)
-                      + " |" for e, row in rows.items()]
+        lines += task_tables(measured, TASKS, ENCODINGS, "exact match by instance size")
         return lines

@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 
 from posbench.data import build_dataset
 from posbench.reproduce.base import Reproduction, Sweep, register
+from posbench.reproduce.judge import task_tables
 from posbench.reproduce.claims import AccuracyIn, MeanGain, gain_past, task_group
 
 # one task of the regular class, one deterministic context-free, three context-sensitive (dataset
@@ -130,14 +131,5 @@ class Ruoss2023(Reproduction):
             lines.append(f"| {base} | " + " | ".join("—" if g is None else f"{g:+.3f}"
                                                     for g in gains)
                          + f" | {mean} | {GAIN:+.3f} |")
-        for task in TASKS:
-            rows = {r: measured.values.get(task_group(task, r), {}) for r in ROWS}
-            xs = sorted({x for row in rows.values() for x in row})
-            if not xs:
-                continue
-            lines += ["", f"## {task}: token accuracy by instance size over L", "",
-                      "| row | " + " | ".join(f"{x:g}L" for x in xs) + " |",
-                      "|---|" + "---:|" * len(xs)]
-            lines += [f"| {r} | " + " | ".join(f"{row[x]:.3f}" if x in row else "—" for x in xs)
-                      + " |" for r, row in rows.items()]
+        lines += task_tables(measured, TASKS, ROWS, "token accuracy by instance size", head="row")
         return lines
