@@ -74,6 +74,29 @@ def test_the_mean_reciprocal_rank_orders_the_encodings_as_the_figure_does():
     assert verdicts(Measured({}, False))["mrr_order"][0] == NOT_COMPARABLE
 
 
+def test_a_task_no_encoding_learned_at_l_is_left_out_of_the_rank():
+    """Poly at chance for all five (0.1-0.2 at L): its ranks past L would be noise."""
+    past = {"copy": dict(zip(ENCODINGS, (1.0, 0.9, 0.5, 0.1, 0.0))),
+            "reverse": dict(zip(ENCODINGS, (0.8, 0.7, 0.3, 0.2, 0.1)))}
+    measured = accuracies(past)
+    for enc, acc in zip(ENCODINGS, (0.10, 0.15, 0.20, 0.12, 0.18)):  # poly: none learned it
+        measured.values[f"poly/{enc}"] = {0.5: 0.2, 1.0: 0.15, 1.5: acc, 2.0: acc}
+    claim = RankOrder("mrr", "the order", 0.05, "why", tasks=("copy", "reverse", "poly"),
+                      order=ENCODINGS)
+    verdict, detail = claim.judge(measured)
+    assert verdict == REPRODUCED, detail
+    assert "MRR over 2 tasks: nope 1.00 > t5 0.50" in detail
+    assert "left out, learned at L by no encoding (under 0.95): poly" in detail
+    # one encoding that learned it at L puts the task back into the rank
+    measured.values["poly/alibi"][1.0] = 0.97
+    assert "MRR over 3 tasks" in claim.judge(measured)[1]
+    # learned=None ranks every measured task
+    every = RankOrder("mrr", "the order", 0.05, "why", tasks=("copy", "reverse", "poly"),
+                      order=ENCODINGS, learned=None)
+    measured.values["poly/alibi"][1.0] = 0.15
+    assert "MRR over 3 tasks" in every.judge(measured)[1]
+
+
 def copy_curves(**changed):
     """Exact match on copy by size over L: 1.0 up to L, then the reference's own means at 25, 30,
     35, 40 (results/len_gen_experiments.csv, s2s_copy cmc_tr20_ts40), rotary and ALiBi made up

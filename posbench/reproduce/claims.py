@@ -331,48 +331,62 @@ def reciprocal_ranks(scores: Dict[str, float]) -> Dict[str, float]:
 
 
 def mean_reciprocal_ranks(m: Measured, tasks: Tuple[str, ...], encodings: Tuple[str, ...],
-                          past: float, upto: float) -> Tuple[Dict[str, float], List[str]]:
+                          past: float, upto: float, learned: Optional[float] = None
+                          ) -> Tuple[Dict[str, float], List[str], List[str]]:
     """Each encoding's mean over `tasks` of its reciprocal rank, a task ranking the encodings by
-    their mean accuracy over the measured x in (past, upto]; the tasks that every encoding was
-    measured on are used, the others returned apart."""
-    skipped = []
+    their mean accuracy over the measured x in (past, upto]. Returns the ranks, the tasks not
+    measured for every encoding, and (with `learned`) the tasks that no encoding learned at
+    x = 1 (accuracy under `learned` for all): both are left out. A task nobody learned ranks the
+    encodings by noise about chance, which says nothing about their positions."""
+    skipped, unlearned = [], []
     ranks: Dict[str, List[float]] = {e: [] for e in encodings}
     for task in tasks:
+        rows = {enc: m.values.get(task_group(task, enc), {}) for enc in encodings}
         scores = {}
-        for enc in encodings:
-            row = m.values.get(task_group(task, enc), {})
+        for enc, row in rows.items():
             xs = [x for x in row if past + 1e-9 < x <= upto + 1e-9]
             if xs:
                 scores[enc] = sum(row[x] for x in xs) / len(xs)
         if len(scores) < len(encodings):
             skipped.append(task)
             continue
+        if learned is not None and not any(row.get(1.0, 0.0) >= learned for row in rows.values()):
+            unlearned.append(task)
+            continue
         for enc, rr in reciprocal_ranks(scores).items():
             ranks[enc].append(rr)
     mrr = {e: sum(r) / len(r) for e, r in ranks.items() if r}
-    return mrr, skipped
+    return mrr, skipped, unlearned
 
 
 @dataclass(frozen=True)
 class RankOrder(Claim):
     """The encodings' mean reciprocal rank over `tasks` (mean_reciprocal_ranks, x in (past,
     upto]) falls in `order`: each at least the next minus `tolerance`. A rank over some of the
-    tasks is shown but not comparable: a claim about a ranking over all of them."""
+    tasks is shown but not comparable: a claim about a ranking over all of them. A task that no
+    encoding learned at L (accuracy under `learned`) is left out and named: the rank is then
+    over the tasks this scale can learn."""
     tasks: Tuple[str, ...] = ()
     order: Tuple[str, ...] = ()
     past: float = 1.0
     upto: float = 2.0
+    learned: Optional[float] = field(default=0.95, kw_only=True)
     unit: str = field(default="mrr", kw_only=True)
 
     def judge(self, m: Measured) -> Tuple[str, str]:
-        mrr, skipped = mean_reciprocal_ranks(m, self.tasks, self.order, self.past, self.upto)
+        mrr, skipped, unlearned = mean_reciprocal_ranks(m, self.tasks, self.order, self.past,
+                                                        self.upto, self.learned)
+        left_out = (f"; left out, learned at L by no encoding (under {self.learned:g}): "
+                    + ", ".join(unlearned) if unlearned else "")
         if not mrr:
             return NOT_COMPARABLE, ("no task was measured for every one of "
-                                    + ", ".join(self.order) + f" past {x_text(self.past)}")
+                                    + ", ".join(self.order) + f" past {x_text(self.past)}"
+                                    + left_out)
         shown = " > ".join(f"{e} {mrr[e]:.2f}" for e in self.order)
-        counted = len(self.tasks) - len(skipped)
+        counted = len(self.tasks) - len(skipped) - len(unlearned)
         detail = f"MRR over {counted} task{'s' * (counted != 1)}: {shown}" + (
             f"; not measured for every encoding: {', '.join(skipped)}" if skipped else "")
+        detail += left_out
         if skipped:
             return NOT_COMPARABLE, detail
         inverted = [(a, b) for a, b in zip(self.order, self.order[1:])
