@@ -440,6 +440,14 @@ def test_train_scores_every_task_and_a_rescore_gives_the_same_cells(tmp_path):
     bits = r["tasks"]["vt"]["by_length"][0]["bits_saved"]
     exact = r["tasks"]["vt"]["by_length"][0]["exact_match"]
     assert f"| rope | {bits:.2f} ({exact:.2f}) |" in proc.stdout
+    # effective lengths per task and over the tasks' mean: one length here, so 128 or none
+    record = results(tmp_path / "run")
+    for scores in [r, *r["tasks"].values()]:
+        (point,) = scores["by_length"]
+        assert scores["effective_length"] == (128 if point["bits_saved"] >= 1.0 else None)
+        assert scores["relative_effective_length"] == (128 if point["bits_saved"] > 0 else None)
+    assert record["eval"]["effective_length"]["ruler"] == r["effective_length"]
+    assert record["eval"]["effective_length"]["ruler_relative"] == r["relative_effective_length"]
 
     # a re-score with one depth more: the same sequences, so the same scores at the others
     posbench_cli("eval", "run", "eval.ruler.enabled=true", "eval.ruler.depths=[0,0.5,1]",

@@ -22,6 +22,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Dict, List, Optional
 
+import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
@@ -267,6 +268,20 @@ def effective_length(points, threshold: float) -> Optional[int]:
             break
         best = length
     return best
+
+
+def by_length(grid: List[dict]) -> List[dict]:
+    """A retrieval grid's cells (length, depth, scores) per length: the mean over depths of
+    exact_match and bits_saved, none where a cell ran out of memory."""
+    out = []
+    for length in sorted({c["length"] for c in grid}):
+        cells = [c for c in grid if c["length"] == length]
+        point = {"length": length}
+        if all("bits_saved" in c for c in cells):
+            for key in ("exact_match", "bits_saved"):
+                point[key] = float(np.mean([c[key] for c in cells]))
+        out.append(point)
+    return out
 
 
 # NoLiMa's relative rule (Modarressi et al. 2025): a length counts while the score keeps this

@@ -32,7 +32,7 @@ from posbench.data.base import dataset_class, dataset_config
 from posbench.data.tokenize import Tokenizer
 from posbench.core.errors import ConfigError, require, require_positive
 from posbench.evaluations.base import (RELATIVE_SHARE, EvalConfig, Section, SectionConfig,
-                                       effective_length, eval_config, register,
+                                       by_length, effective_length, eval_config, register,
                                        relative_effective_length, scored_within_memory,
                                        set_eval_options, with_train_length)
 from posbench.evaluations.perplexity import ppl_effective_length
@@ -273,19 +273,6 @@ def evaluate_retrieval(model, passkeys: Passkeys, eval_cfg, train_len: int,
                 [(p["length"], p.get(r.metric)) for p in summary], r.threshold),
             "relative_effective_length": relative_effective_length(
                 [(p["length"], p.get(r.metric)) for p in summary])}
-
-
-def by_length(grid: List[dict]) -> List[dict]:
-    """Per length, the mean over depths of each score (None where a cell ran out of memory)."""
-    out = []
-    for length in sorted({c["length"] for c in grid}):
-        cells = [c for c in grid if c["length"] == length]
-        point = {"length": length}
-        if all("bits_saved" in c for c in cells):
-            for key in ("exact_match", "bits_saved"):
-                point[key] = float(np.mean([c[key] for c in cells]))
-        out.append(point)
-    return out
 
 
 @register("retrieval", "passkey retrieval by length and depth: exact match and bits saved per "

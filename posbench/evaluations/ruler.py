@@ -58,7 +58,8 @@ from posbench.core.plots import pyplot, save_figure
 from posbench.core.progress import Bar
 from posbench.data.base import dataset_class, dataset_config
 from posbench.data.tokenize import Tokenizer
-from posbench.evaluations.base import (Section, SectionConfig, eval_config, register,
+from posbench.evaluations.base import (Section, SectionConfig, by_length, effective_length,
+                                       eval_config, register, relative_effective_length,
                                        scored_within_memory, set_eval_options, with_train_length)
 
 FORMAT = 1  # bump when an instance's format changes: results.json records it
@@ -148,6 +149,10 @@ class RulerConfig(SectionConfig):
     queries: int = 2
     hops: int = 4  # vt: assignments after the first in a chain (RULER: 4)
     chains: int = 1  # vt: chains, one asked (RULER: 1)
+    # effective context, per task and over the tasks' mean: the largest length up to which
+    # bits saved per answer token stays >= threshold (RULER's absolute rule; 1 bit, as the
+    # passkey's), and up to which it keeps 85% of its value at the shortest length (NoLiMa's)
+    threshold: float = 1.0
 
 
 def ruler_lengths(eval_cfg, train_len: int) -> List[int]:
@@ -548,27 +553,22 @@ def evaluate_ruler(model, tasks: Dict[str, Task], cfg: RulerConfig, eval_cfg, tr
                     if "bits_saved" in point else "oom")
         out[name] = {"haystack": task.preset.haystack, "ruler": task.preset.ruler,
                      "answer_tokens": int(made[0].scored.sum()), "grid": grid,
-                     "by_length": by_length(grid)}
+                     **effective_lengths(by_length(grid), cfg.threshold)}
     bar.close()
     return {"format": FORMAT, "units": "bits per answer token", "trials": cfg.trials,
-            "seed": cfg.seed, "depths": list(cfg.depths),
+            "seed": cfg.seed, "depths": list(cfg.depths), "threshold": cfg.threshold,
             "counts": {key: getattr(cfg, key) for key in (*TOKENS_KEY.values(), "keys",
                                                           "values", "queries", "hops",
                                                           "chains")},
-            "tasks": out, "by_length": average(out)}
+            "tasks": out, **effective_lengths(average(out), cfg.threshold)}
 
 
-def by_length(grid: List[dict]) -> List[dict]:
-    """Per length, the mean over depths of each score (none where a cell ran out of memory)."""
-    out = []
-    for length in sorted({c["length"] for c in grid}):
-        cells = [c for c in grid if c["length"] == length]
-        point = {"length": length}
-        if all("bits_saved" in c for c in cells):
-            for key in ("exact_match", "bits_saved"):
-                point[key] = float(np.mean([c[key] for c in cells]))
-        out.append(point)
-    return out
+def effective_lengths(points: List[dict], threshold: float) -> dict:
+    """Scores by length with their effective lengths: RULER's absolute rule at `threshold`
+    bits saved, and NoLiMa's relative one."""
+    scores = [(p["length"], p.get("bits_saved")) for p in points]
+    return {"by_length": points, "effective_length": effective_length(scores, threshold),
+            "relative_effective_length": relative_effective_length(scores)}
 
 
 def average(tasks: Dict[str, dict]) -> List[dict]:
@@ -591,6 +591,7 @@ def average(tasks: Dict[str, dict]) -> List[dict]:
           "bits saved per answer token")
 class Ruler(Section):
     Config = RulerConfig
+    has_effective_length = True
 
     @classmethod
     def check(cls, cfg: RulerConfig, run_cfg) -> None:
@@ -608,6 +609,8 @@ class Ruler(Section):
             require_positive(f"eval.ruler.{key}", getattr(cfg, key))
         for n in cfg.lengths or []:
             require_positive("eval.ruler.lengths", n)
+        require(math.isfinite(cfg.threshold), "eval.ruler.threshold", cfg.threshold,
+                "a finite number of bits saved per answer token")
         require(len(cfg.depths) > 0, "eval.ruler.depths", list(cfg.depths),
                 "a non-empty list of depths in [0, 1]")
         for depth in cfg.depths:
