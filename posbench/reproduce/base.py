@@ -35,8 +35,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, List, Optional, Tuple
 
+from omegaconf import OmegaConf
+
 from posbench.core.errors import ConfigError
 from posbench.core.registry import Entry, Registry
+from posbench.data import build_dataset
 from posbench.reproduce.claims import Claim, Measured
 
 DEVICES = ("cpu", "cuda")
@@ -225,6 +228,13 @@ class Reproduction:
             assert claim.statement.strip() and claim.why.strip(), \
                 f"{named}: claim {claim.name!r} needs its statement and its tolerance's why"
             assert claim.tolerance >= 0, f"{named}: claim {claim.name!r} has a negative tolerance"
+
+
+def instance_position(record: dict, length: int) -> float:
+    """An evaluated length of a task's run as its instance size over the size it trained at:
+    the x of the entries over algorithmic tasks, whose L is an instance size."""
+    task = build_dataset(OmegaConf.create({"name": record["dataset"]["name"]}))
+    return task.size(length + 1) / task.size(record["train"]["seq_len"] + 1)
 
 
 _REGISTRY = Registry(Reproduction)

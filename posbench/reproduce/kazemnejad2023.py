@@ -2,10 +2,8 @@
 trained on algorithmic tasks at instance sizes up to L = 20 and scored by exact match up to 2L;
 the five encodings ranked per task past L and by their mean reciprocal rank over tasks. Reduced
 to posbench's tiny model on a CPU: posbench/conf/experiment/kazemnejad2023.yaml."""
-from omegaconf import OmegaConf
 
-from posbench.data import build_dataset
-from posbench.reproduce.base import Reproduction, Sweep, register
+from posbench.reproduce.base import Reproduction, Sweep, instance_position, register
 from posbench.reproduce.judge import task_tables
 from posbench.reproduce.claims import (AccuracyIn, RankOrder, mean_reciprocal_ranks,
                                        task_group)
@@ -85,8 +83,7 @@ class Kazemnejad2023(Reproduction):
     @classmethod
     def position(cls, record: dict, length: int) -> float:
         """An evaluated length as its instance size over the training size."""
-        task = build_dataset(OmegaConf.create({"name": record["dataset"]["name"]}))
-        return task.size(length + 1) / task.size(record["train"]["seq_len"] + 1)
+        return instance_position(record, length)
 
     @classmethod
     def tables(cls, measured, train_len):

@@ -5,10 +5,8 @@ the training sizes, on Delétang et al.'s tasks (posbench/data/chomsky.py). Redu
 five of the fifteen tasks, three of the bases each plain and randomized, the reference's model
 shape as a causal decoder and a short budget (posbench/conf/experiment/ruoss2023.yaml, the rows
 in posbench/conf/ruoss2023/<row>.yaml)."""
-from omegaconf import OmegaConf
 
-from posbench.data import build_dataset
-from posbench.reproduce.base import Reproduction, Sweep, register
+from posbench.reproduce.base import Reproduction, Sweep, instance_position, register
 from posbench.reproduce.judge import task_tables
 from posbench.reproduce.claims import AccuracyIn, MeanGain, gain_past, task_group
 
@@ -110,8 +108,7 @@ class Ruoss2023(Reproduction):
     @classmethod
     def position(cls, record: dict, length: int) -> float:
         """An evaluated length as its instance size over the training size (40)."""
-        task = build_dataset(OmegaConf.create({"name": record["dataset"]["name"]}))
-        return task.size(length + 1) / task.size(record["train"]["seq_len"] + 1)
+        return instance_position(record, length)
 
     @classmethod
     def tables(cls, measured, train_len):
