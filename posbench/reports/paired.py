@@ -68,6 +68,13 @@ def _by_seed(runs: List[dict], length: int) -> Dict[int, Tuple[np.ndarray, np.nd
     return out
 
 
+def _resampled(rng: np.random.Generator, draws: int, n: int) -> np.ndarray:
+    """(draws, n): how often each of `draws` resamples of n items with replacement takes each
+    item (one bincount over all draws, not a scatter-add per item)."""
+    picks = rng.integers(0, n, (draws, n)) + n * np.arange(draws)[:, None]
+    return np.bincount(picks.ravel(), minlength=draws * n).reshape(draws, n).astype(float)
+
+
 def paired(a: List[dict], b: List[dict], length: int, draws: int = DRAWS) -> Optional[Paired]:
     """Group a against group b at `length`; None when they share no seed with per-window losses
     there, or their windows differ (another dataset, protocol or eval.tokens)."""
@@ -83,13 +90,8 @@ def paired(a: List[dict], b: List[dict], length: int, draws: int = DRAWS) -> Opt
     n_seeds, n_windows = weighted.shape
     estimate = weighted.sum() / (n_seeds * tokens.sum())
     rng = np.random.default_rng(RNG_SEED)
-    # how often each draw takes each seed and each window
-    seed_counts = np.zeros((draws, n_seeds))
-    np.add.at(seed_counts, (np.arange(draws)[:, None],
-                            rng.integers(0, n_seeds, (draws, n_seeds))), 1)
-    window_counts = np.zeros((draws, n_windows))
-    np.add.at(window_counts, (np.arange(draws)[:, None],
-                              rng.integers(0, n_windows, (draws, n_windows))), 1)
+    seed_counts = _resampled(rng, draws, n_seeds)
+    window_counts = _resampled(rng, draws, n_windows)
     totals = np.einsum("ds,sw,dw->d", seed_counts, weighted, window_counts)
     stats = totals / (n_seeds * (window_counts @ tokens))
     tail = (1 - LEVEL) / 2 * 100
