@@ -298,3 +298,11 @@ def relative_effective_length(points) -> Optional[int]:
     if not points or points[0][1] is None or not points[0][1] > 0:
         return None
     return effective_length(points, RELATIVE_SHARE * points[0][1])
+
+
+def effective_lengths(points: List[dict], threshold: float, metric: str = "bits_saved") -> dict:
+    """A section's scores by length (`by_length`) with both effective lengths of `metric`:
+    the absolute rule at `threshold` (RULER's) and the relative one (NoLiMa's)."""
+    scores = [(p["length"], p.get(metric)) for p in points]
+    return {"by_length": points, "effective_length": effective_length(scores, threshold),
+            "relative_effective_length": relative_effective_length(scores)}

@@ -32,9 +32,8 @@ from posbench.data.base import dataset_class, dataset_config
 from posbench.data.tokenize import Tokenizer
 from posbench.core.errors import ConfigError, require, require_positive
 from posbench.evaluations.base import (RELATIVE_SHARE, EvalConfig, Section, SectionConfig,
-                                       by_length, effective_length, eval_config, register,
-                                       relative_effective_length, scored_within_memory,
-                                       set_eval_options, with_train_length)
+                                       by_length, effective_lengths, eval_config, register,
+                                       scored_within_memory, set_eval_options, with_train_length)
 from posbench.evaluations.perplexity import ppl_effective_length
 from posbench.core.plots import pyplot, save_figure
 from posbench.core.progress import Bar
@@ -265,14 +264,10 @@ def evaluate_retrieval(model, passkeys: Passkeys, eval_cfg, train_len: int,
         bar.log(f"retrieval length {length}", bits_saved=f"{point['bits_saved']:.3f}"
                 if "bits_saved" in point else "oom")
     bar.close()
-    summary = by_length(grid)
     return {"format": FORMAT, "units": "bits per key token", "key_tokens": r.key_tokens,
             "keys": r.keys, "trials": r.trials, "seed": r.seed, "depths": list(r.depths),
-            "metric": r.metric, "threshold": r.threshold, "grid": grid, "by_length": summary,
-            "effective_length": effective_length(
-                [(p["length"], p.get(r.metric)) for p in summary], r.threshold),
-            "relative_effective_length": relative_effective_length(
-                [(p["length"], p.get(r.metric)) for p in summary])}
+            "metric": r.metric, "threshold": r.threshold, "grid": grid,
+            **effective_lengths(by_length(grid), r.threshold, r.metric)}
 
 
 @register("retrieval", "passkey retrieval by length and depth: exact match and bits saved per "

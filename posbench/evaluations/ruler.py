@@ -58,9 +58,9 @@ from posbench.core.plots import pyplot, save_figure
 from posbench.core.progress import Bar
 from posbench.data.base import dataset_class, dataset_config
 from posbench.data.tokenize import Tokenizer
-from posbench.evaluations.base import (Section, SectionConfig, by_length, effective_length,
-                                       eval_config, register, relative_effective_length,
-                                       scored_within_memory, set_eval_options, with_train_length)
+from posbench.evaluations.base import (Section, SectionConfig, by_length, effective_lengths,
+                                       eval_config, register, scored_within_memory,
+                                       set_eval_options, with_train_length)
 
 FORMAT = 1  # bump when an instance's format changes: results.json records it
 SAMPLE = 1 << 24  # validation tokens read to find which tokens of each kind occur
@@ -561,14 +561,6 @@ def evaluate_ruler(model, tasks: Dict[str, Task], cfg: RulerConfig, eval_cfg, tr
                                                           "values", "queries", "hops",
                                                           "chains")},
             "tasks": out, **effective_lengths(average(out), cfg.threshold)}
-
-
-def effective_lengths(points: List[dict], threshold: float) -> dict:
-    """Scores by length with their effective lengths: RULER's absolute rule at `threshold`
-    bits saved, and NoLiMa's relative one."""
-    scores = [(p["length"], p.get("bits_saved")) for p in points]
-    return {"by_length": points, "effective_length": effective_length(scores, threshold),
-            "relative_effective_length": relative_effective_length(scores)}
 
 
 def average(tasks: Dict[str, dict]) -> List[dict]:
