@@ -281,6 +281,11 @@ def task_group(task: str, encoding: str) -> str:
     return f"{task}/{encoding}"
 
 
+def run_task_group(record: dict, row: str) -> str:
+    """task_group of a task's run: its task is its dataset's name without `task_`."""
+    return task_group(record["dataset"]["name"].removeprefix("task_"), row)
+
+
 @dataclass(frozen=True)
 class AccuracyIn(Claim):
     """Exact-match accuracy of each of `groups` at every measured x in [low, high] is at least

@@ -28,7 +28,7 @@ from typing import List, Optional, Tuple
 from posbench.reproduce.base import Reproduction, Sweep, register
 from posbench.reproduce.judge import task_tables
 from posbench.reproduce.claims import (NOT_COMPARABLE, NOT_REPRODUCED, REPRODUCED, AccuracyIn,
-                                       Claim, Measured, task_group)
+                                       Claim, Measured, run_task_group, task_group)
 
 ENCODINGS = ("learned", "shaw", "cope")  # the paper's rows: absolute PE, relative PE, CoPE
 ROWS = {"learned": "Absolute PE", "shaw": "Relative PE", "cope": "CoPE"}
@@ -173,7 +173,7 @@ class Golovneva2024(Reproduction):
 
     @classmethod
     def group_of(cls, record: dict) -> str:
-        return task_group(record["dataset"]["name"].removeprefix("task_"), record["encoding"])
+        return run_task_group(record, record["encoding"])
 
     @classmethod
     def paper_measured(cls) -> Measured:

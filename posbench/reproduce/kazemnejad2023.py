@@ -6,7 +6,7 @@ to posbench's tiny model on a CPU: posbench/conf/experiment/kazemnejad2023.yaml.
 from posbench.reproduce.base import Reproduction, Sweep, instance_position, register
 from posbench.reproduce.judge import task_tables
 from posbench.reproduce.claims import (AccuracyIn, RankOrder, mean_reciprocal_ranks,
-                                       task_group)
+                                       run_task_group, task_group)
 
 ENCODINGS = ("nope", "t5", "alibi", "rope", "sinusoidal")  # the paper's order; APE = sinusoidal
 # the tasks (posbench/conf/kazemnejad2023), named by their dataset without `task_`; the paper's L
@@ -78,7 +78,7 @@ class Kazemnejad2023(Reproduction):
 
     @classmethod
     def group_of(cls, record: dict) -> str:
-        return task_group(record["dataset"]["name"].removeprefix("task_"), record["encoding"])
+        return run_task_group(record, record["encoding"])
 
     @classmethod
     def position(cls, record: dict, length: int) -> float:

@@ -8,7 +8,8 @@ in posbench/conf/ruoss2023/<row>.yaml)."""
 
 from posbench.reproduce.base import Reproduction, Sweep, instance_position, register
 from posbench.reproduce.judge import task_tables
-from posbench.reproduce.claims import AccuracyIn, MeanGain, gain_past, task_group
+from posbench.reproduce.claims import (AccuracyIn, MeanGain, gain_past, run_task_group,
+                                       task_group)
 
 # one task of the regular class, one deterministic context-free, three context-sensitive (dataset
 # task_<name>): ones a small transformer can be expected to learn at sizes 1..40, where parity,
@@ -103,7 +104,7 @@ class Ruoss2023(Reproduction):
         """`task/row`: the row a randomized run is names its base (randomized_rope)."""
         enc = record["config"]["encoding"]
         row = f"randomized_{enc['base']}" if enc["name"] == "randomized" else enc["name"]
-        return task_group(record["dataset"]["name"].removeprefix("task_"), row)
+        return run_task_group(record, row)
 
     @classmethod
     def position(cls, record: dict, length: int) -> float:
