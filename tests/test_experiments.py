@@ -41,6 +41,21 @@ def test_alibi_table2_preset_is_the_papers_setting():
     assert math.ceil(cfg.eval.tokens / 16384) * 16385 <= 200_000
 
 
+def test_ladder_preset_sweeps_the_width_at_the_default_study_setting():
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="posbench.conf", version_base=None):
+        cfg = compose(config_name="config", overrides=["+experiment=ladder"],
+                      return_hydra_config=True)
+    params = cfg.hydra.sweeper.params
+    assert params.encoding.split(",") == ["nope", "rope", "t5", "alibi"]
+    widths = [int(w) for w in params["model.d_model"].split(",")]
+    # each width 4x the parameters of the last; heads divide every width
+    assert widths == [64, 128, 256, 512] and all(w % cfg.model.n_head == 0 for w in widths)
+    assert (cfg.train.seq_len, cfg.train.steps, cfg.train.batch_size) == (128, 2000, 16)
+    assert list(cfg.eval.lengths) == [128 * 2 ** k for k in range(5)]
+    assert (cfg.dataset.name, cfg.device) == ("pystdlib", "cpu")
+
+
 def test_quick_multirun_trains_every_core_encoding_and_reports(tmp_path, toy):
     posbench_cli("train", "-m", "+experiment=quick", *toy, "hydra.sweep.dir=sweep", cwd=tmp_path)
     summary = (tmp_path / "sweep" / "summary.md").read_text()

@@ -30,7 +30,7 @@ from posbench.core.io import write_text
 from posbench import evaluations
 from posbench.evaluations import retrieval
 from posbench.reports.html import PAGE, write_html
-from posbench.reports import paired, tuning
+from posbench.reports import by_size, paired, tuning
 from posbench.core.parity import UNDER_TRAINED, Gap, parity_gaps
 from posbench.runs.extend import plot_sweep
 from posbench.core.plots import METRICS, plot_curves
@@ -109,15 +109,16 @@ def short_text(value) -> str:
     return text if len(text) <= VALUE_CHARS else text[:VALUE_CHARS - 1] + "…"
 
 
-def group_label(runs: List[dict]) -> Dict[int, str]:
-    """Label of each run: its encoding plus every swept key (not the seed) that differs, in
-    short: `alibi [seq_len=64, lr=0.001]`. Runs with the same label are one group; groups whose
-    short labels would coincide get a hash of their full values."""
+def group_label(runs: List[dict], ignore: Tuple[str, ...] = ()) -> Dict[int, str]:
+    """Label of each run: its encoding plus every swept key (not the seed, nor a key starting
+    with one of `ignore`) that differs, in short: `alibi [seq_len=64, lr=0.001]`. Runs with the
+    same label are one group; groups whose short labels would coincide get a hash of their full
+    values."""
     flats = [flatten(r.get("config", {})) for r in runs]
     # repr: values become comparable strings, lists included
     texts = [{k: repr(v) for k, v in flat.items()} for flat in flats]
     keys = sorted({k for f in texts for k in f})
-    swept = [k for k in keys if k != "encoding.name" and not k.startswith(IGNORED_KEYS)
+    swept = [k for k in keys if k != "encoding.name" and not k.startswith(IGNORED_KEYS + ignore)
              and _differs(k, runs, texts)]
     names = short_keys(swept)
     full, short = {}, {}
@@ -303,11 +304,14 @@ def write_report(root: Path, only: Optional[str] = None) -> Dict[str, dict]:
     seeds = max(s["n"] for by_length in tables["ppl"].values() for s in by_length.values())
     protocols = sorted(set(protocol_of.values()))
     # parity compares training, so the re-scores, which change only evaluation, stay out; and
-    # groups of one protocol only, as another protocol's perplexities differ by its windows
+    # groups of one protocol and one model size only, as another protocol's perplexities differ
+    # by its windows and a larger model is better at L whatever its encoding
+    cohort_of = {label: (protocol_of[label], by_size.model_shape(members[0]))
+                 for label, members in groups.items()}
     gaps = {}
-    for name in protocols:
+    for cohort in set(cohort_of.values()):
         gaps.update(parity_gaps({k: v for k, v in tables["ppl"].items()
-                                 if k not in base_of and protocol_of[k] == name}, train_of))
+                                 if k not in base_of and cohort_of[k] == cohort}, train_of))
     throughput = {label: (_mean([r["train"].get("tokens_per_second") for r in members]),
                           _mean([r["train"].get("wall_seconds") for r in members]))
                   for label, members in groups.items() if label not in base_of}
@@ -365,7 +369,9 @@ def write_report(root: Path, only: Optional[str] = None) -> Dict[str, dict]:
                  "eval.protocol=growing_context`."
                  if set(protocols) - {"growing_context"} else ""),
               "", "Gap at train length: perplexity at the training length relative to the best "
-              "trained group at that length" + (" (± its 95% interval)" if seeds > 1 else "")
+              "trained group at that length"
+              + (" and model size" if len({c[1] for c in cohort_of.values()}) > 1 else "")
+              + (" (± its 95% interval)" if seeds > 1 else "")
               + "."]
     lines += [f"- **{label}** is {UNDER_TRAINED}." for label, gap in gaps.items()
               if gap.under_trained]
@@ -375,6 +381,14 @@ def write_report(root: Path, only: Optional[str] = None) -> Dict[str, dict]:
     lines += tuning.report_lines(
         trained, growth=lambda g: log_ppl_growth(ppl_table.get(g, {}), train_of[g]),
         ppl_at_train=lambda g: ppl_table.get(g, {}).get(train_of[g], {}).get("mean"))
+    originals = list(trained)
+    series = group_label([trained[label][0] for label in originals], ignore=("model.",))
+    size_lines = by_size.report_lines(
+        trained, {label: series[i] for i, label in enumerate(originals)},
+        at_train=lambda g: ppl_table.get(g, {}).get(train_of[g]),
+        ratio=lambda g: extrapolation_ratio(ppl_table.get(g, {}), train_of[g]),
+        gaps=gaps, path=root / "by_size.png")
+    lines += size_lines
     if "accuracy" in tables:
         lines += ["", f"Exact-match accuracy by evaluation length{band}.", ""]
         lines += _markdown_table(tables["accuracy"], 3)
@@ -414,7 +428,7 @@ def write_report(root: Path, only: Optional[str] = None) -> Dict[str, dict]:
                     band_label=f"{BAND}; circles: each seed" if seeds > 1 else "",
                     metric=metric, gaps=gaps if metric == "ppl" else None, base_of=base_of,
                     seeds=each_seed)
-    plots = [f"{m}_vs_length.png" for m in tables]
+    plots = [f"{m}_vs_length.png" for m in tables] + ["by_size.png"] * bool(size_lines)
     if retrieval.plot_grid(members, member_labels, root / "retrieval_grid.png"):
         plots.append("retrieval_grid.png")
     if plot_sweep(members, member_labels, root / "eval_vs_step.png"):

@@ -40,6 +40,7 @@ from omegaconf import OmegaConf
 from posbench.core.errors import ConfigError
 from posbench.core.registry import Entry, Registry
 from posbench.data import build_dataset
+from posbench.reports.by_size import model_shape, shape_params
 from posbench.reproduce.claims import Claim, Measured
 
 DEVICES = ("cpu", "cuda")
@@ -119,19 +120,12 @@ class Reproduction:
                 raise ConfigError(f"the runs of {group} were trained at several lengths "
                                   f"({train_lens}); expected one training length per group of "
                                   f"reproduce entry {cls.name!r}")
-        # a size is a model shape, named by its fewest parameters over the groups (a learned
-        # table adds its own)
-        def shape(record: dict) -> tuple:
-            return tuple(record["model"][k] for k in ("n_layer", "n_head", "d_model"))
-
-        sizes: Dict[tuple, int] = {}
-        for record in records:
-            sizes[shape(record)] = min(sizes.get(shape(record), math.inf),
-                                       record["model"]["params"])
+        sizes = shape_params(records)
         by_label: Dict[Tuple[str, int], List[dict]] = defaultdict(list)
         for group, members in by_group.items():
             for record in members:
-                by_label[(group, sizes[shape(record)] if cls.axis == "size" else 0)].append(record)
+                size = sizes[model_shape(record)] if cls.axis == "size" else 0
+                by_label[(group, size)].append(record)
         labels = {f"{group}|{size}": (group, size) for group, size in by_label}
         table = aggregate({label: by_label[key] for label, key in labels.items()}, cls.metric)
         values: Dict[str, Dict[float, float]] = defaultdict(dict)
