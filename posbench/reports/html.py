@@ -11,9 +11,8 @@ from __future__ import annotations
 import base64
 import html
 import os
-import re
 from pathlib import Path
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, List
 from urllib.parse import quote
 
 from posbench.core.io import write_text
@@ -38,7 +37,8 @@ table { border-collapse: collapse; font-variant-numeric: tabular-nums; }
 th, td { border: 1px solid #d8d8d8; padding: .25em .6em; text-align: left; vertical-align: top; }
 th { background: #f3f3f3; }
 tr:nth-child(even) td { background: #fafafa; }
-.num { text-align: right; white-space: nowrap; }
+.num, td[style*="right"], th[style*="right"] { white-space: nowrap; }
+.num { text-align: right; }
 code { font: .92em ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; background: #f3f3f3;
        padding: 0 .2em; border-radius: 3px; }
 a { color: #0b57d0; }
@@ -50,71 +50,14 @@ CAPTIONS = {"ppl_vs_length.png": "Perplexity by evaluation length",
             "eval_vs_step.png": "Perplexity at the training length against fine-tuning steps"}
 
 
-def inline(text: str) -> str:
-    """One line of summary.md's markdown as HTML: escaped, then `code` and **bold**."""
-    text = html.escape(text, quote=True)
-    text = re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
-    return re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", text)
-
-
-def table_cells(line: str) -> List[str]:
-    """The cells of a markdown table row `| a | b |`."""
-    return [cell.strip() for cell in line.strip().strip("|").split("|")]
-
-
-def _kind(line: str) -> str:
-    if line.startswith("|"):
-        return "table"
-    if line.startswith("- "):
-        return "list"
-    if line.startswith("#"):
-        return "heading"
-    return "blank" if not line.strip() else "text"
-
-
-def _blocks(lines: List[str]) -> Iterator[Tuple[str, List[str]]]:
-    """Runs of consecutive lines of one kind (a table, a list, a paragraph, a heading)."""
-    kind, block = None, []
-    for line in lines:
-        k = _kind(line)
-        if block and (k != kind or k == "heading"):
-            yield kind, block
-            block = []
-        kind = k
-        block.append(line)
-    if block:
-        yield kind, block
-
-
-def _table(lines: List[str]) -> str:
-    head, rule, *rows = lines
-    # the rule row says which columns are numbers (---:, right-aligned)
-    right = [cell.endswith(":") for cell in table_cells(rule)]
-    cls = lambda i: ' class="num"' if i < len(right) and right[i] else ""
-    out = ['<div class="table"><table>', "<thead><tr>"
-           + "".join(f"<th{cls(i)}>{inline(c)}</th>" for i, c in enumerate(table_cells(head)))
-           + "</tr></thead>", "<tbody>"]
-    out += ["<tr>" + "".join(f"<td{cls(i)}>{inline(c)}</td>" for i, c in enumerate(table_cells(row)))
-            + "</tr>" for row in rows]
-    return "\n".join(out + ["</tbody></table></div>"])
-
-
 def markdown_html(lines: List[str]) -> str:
-    """summary.md's lines as HTML. They use only a heading, paragraphs, `- ` lists, tables (a
-    header row, a rule row, then rows), `code` and **bold**: this renders those, escaped."""
-    out = []
-    for kind, block in _blocks(lines):
-        if kind == "table" and len(block) > 1:
-            out.append(_table(block))
-        elif kind == "list":
-            out.append("<ul>\n" + "\n".join(f"<li>{inline(line[2:])}</li>" for line in block)
-                       + "\n</ul>")
-        elif kind == "heading":
-            level = min(len(block[0]) - len(block[0].lstrip("#")), 6)
-            out.append(f"<h{level}>{inline(block[0].lstrip('#').strip())}</h{level}>")
-        elif kind in ("text", "table"):
-            out.append("<p>" + " ".join(inline(line) for line in block) + "</p>")
-    return "\n".join(out)
+    """summary.md's lines as HTML, as CommonMark with tables renders them (markdown-it-py, raw
+    HTML off: a label with markup in it is shown, never run), each table in a scrolling box."""
+    from markdown_it import MarkdownIt
+
+    rendered = MarkdownIt("commonmark", {"html": False}).enable("table").render("\n".join(lines))
+    return rendered.replace("<table>", '<div class="table"><table>').replace(
+        "</table>", "</table></div>")
 
 
 def png_data_uri(path: Path) -> str:
