@@ -73,8 +73,16 @@ def _save_hydra_files(run_dir: Path, cfg: DictConfig) -> None:
 
 
 def _remove_if_empty(run_dir: Path) -> None:
-    if run_dir.is_dir() and not any(run_dir.iterdir()):
-        run_dir.rmdir()
+    """A refused run's dir when it holds nothing, and with it the folders Hydra made above it in
+    the default outputs/ (outputs/<date>/) when they are left empty; no folder above the run
+    dir outside outputs/ is touched."""
+    outputs = (Path.cwd() / "outputs").resolve()
+    for folder in [run_dir.resolve(), *run_dir.resolve().parents]:
+        if folder != run_dir.resolve() and outputs not in (folder, *folder.parents):
+            return
+        if not folder.is_dir() or any(folder.iterdir()):
+            return
+        folder.rmdir()
 
 
 # keys that `posbench eval` adds to Hydra's config of each run it scores

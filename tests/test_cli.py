@@ -210,14 +210,18 @@ def test_a_training_length_the_validation_documents_cannot_hold_is_refused_befor
         tmp_path, toy, monkeypatch, capsys):
     """Validation scores train.batch_size windows of L + 1 tokens: when the documents hold fewer,
     the run is refused at its start in one line naming train.seq_len, and its run dir removed
-    (it failed at step 1 and kept the dir before)."""
+    (it failed at step 1 and kept the dir before), with the empty outputs/<date>/ Hydra made
+    above it; a folder of the user's above an explicit run dir stays."""
     monkeypatch.chdir(tmp_path)
     args = [a for a in toy if not a.startswith(("train.seq_len=", "eval.lengths="))]
-    proc = run_in_process(["train", *args, "train.seq_len=200000", "eval.lengths=[64]",
-                           "hydra.run.dir=run"], monkeypatch, capsys)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    error = [line for line in proc.stderr.splitlines() if "error" in line]
-    assert len(error) == 1 and error[0].startswith(
-        "posbench: error: train.seq_len=200000 is not accepted with train.batch_size=2: "
-        "validation scores 2 windows of 200001 tokens"), proc.stderr
-    assert not (tmp_path / "run").exists()
+    (tmp_path / "study").mkdir()
+    for where in ([], ["hydra.run.dir=study/run"]):
+        proc = run_in_process(["train", *args, "train.seq_len=200000", "eval.lengths=[64]",
+                               *where], monkeypatch, capsys)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        error = [line for line in proc.stderr.splitlines() if "error" in line]
+        assert len(error) == 1 and error[0].startswith(
+            "posbench: error: train.seq_len=200000 is not accepted with train.batch_size=2: "
+            "validation scores 2 windows of 200001 tokens"), proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["study"]
+    assert not any((tmp_path / "study").iterdir())
