@@ -11,7 +11,7 @@ import functools
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
@@ -21,6 +21,7 @@ from posbench.data import check_dataset
 from posbench.data import registry as dataset_registry
 from posbench.core.errors import ConfigError, did_you_mean, require, require_positive
 from posbench.evaluations import EvalConfig
+from posbench.evaluations.ruler import PRESETS as RULER_TASKS
 
 
 @dataclass
@@ -74,6 +75,13 @@ class TrainConfig:
     # distribution. A tiny model trained on text alone never learns to copy; at 0.5 RoPE does
     # after 2000-8000 steps of a 16000-step run, by seed (docs/results.md, "Retrieval")
     retrieval_mix: float = 0.0
+    # fraction of training sequences replaced by instances of RULER's tasks as eval.ruler builds
+    # them (at its default counts), a task of ruler_tasks and a depth drawn per (seed, step, row)
+    # (posbench/evaluations/ruler.py); with retrieval_mix, on other rows, the two sum below 1.
+    # The budget at which the tiny model learns them: docs/results.md, "RULER's formats in
+    # training"
+    ruler_mix: float = 0.0
+    ruler_tasks: List[str] = field(default_factory=lambda: list(RULER_TASKS))
     # train with switch_encoding_to instead of the encoding from this fraction of train.steps on
     # (null: never): DroPE drops RoPE for nope for the last 1/8 (0.875); posbench/model/schedule.py
     switch_encoding_at: Optional[float] = None

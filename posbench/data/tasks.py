@@ -240,7 +240,7 @@ class TaskData:
 
     def train_batch(self, seq_len: int, batch_size: int, seed: int, step: int, plant=None):
         """Fresh instances of every size up to the window, seeded by (seed, step); no passkeys
-        are planted in a task (train.retrieval_mix is refused for it)."""
+        are planted in a task (train.retrieval_mix and ruler_mix are refused for it)."""
         assert plant is None
         rng = np.random.default_rng([seed, step])
         tokens, answers = self.task.batch(rng, batch_size, seq_len + 1, fill=False)

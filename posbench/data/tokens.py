@@ -51,8 +51,8 @@ class TokenData:
                     plant: Optional[Callable[[np.ndarray, int, int], None]] = None):
         """Batch `step` of a seeded run: uniform over all windows inside training documents. It
         depends on (seed, step) alone, so a resumed run sees exactly the batches it would have
-        seen. `plant` (train.retrieval_mix: posbench/evaluations/retrieval.py, mix_rows) replaces
-        some rows in place, from its own generator of (seed, step)."""
+        seen. `plant` (train.retrieval_mix and ruler_mix: posbench/evaluations/base.py,
+        plant_share) replaces some rows in place, from its own generators of (seed, step)."""
         rng = np.random.default_rng([seed, step])
         first, counts = starts_within(self.train_docs, seq_len + 1)
         cum = np.cumsum(counts)

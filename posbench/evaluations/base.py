@@ -259,6 +259,37 @@ def scored_within_memory(device: torch.device, score: Callable[[], dict], **keys
         return {**keys, "status": "oom"}
 
 
+def plant_share(rows: np.ndarray, mix: float, seed: int, step: int, stream: int, make,
+                taken=()) -> List[int]:
+    """A training mix's planting (train.retrieval_mix, train.ruler_mix): replaces a share `mix`
+    of the batch's rows, in place, by make(rng, row, length) (length+1 tokens): floor(mix * B)
+    rows, one more with probability of the remainder, chosen among the rows not in `taken` (an
+    earlier mix's), from the generator of (seed, step, stream). The rows it replaced."""
+    rng = np.random.default_rng([seed, step, stream])
+    batch, length = rows.shape[0], rows.shape[1] - 1
+    count = int(mix * batch) + int(rng.random() < mix * batch - int(mix * batch))
+    free = np.setdiff1d(np.arange(batch), np.asarray(taken, dtype=np.int64))
+    chosen = [int(row) for row in rng.choice(free, size=min(count, len(free)), replace=False)]
+    for row in chosen:
+        rows[row] = make(rng, row, length)
+    return chosen
+
+
+def planting(*plants) -> Optional[Callable]:
+    """train_batch's `plant` for the training mixes that are on (None when none is): each
+    replaces its share of the rows, in this order, among the rows the ones before it left."""
+    plants = [p for p in plants if p is not None]
+    if len(plants) <= 1:
+        return plants[0] if plants else None
+
+    def plant(rows: np.ndarray, seed: int, step: int, taken=()) -> List[int]:
+        taken = list(taken)
+        for one in plants:
+            taken += one(rows, seed, step, taken)
+        return taken
+    return plant
+
+
 def effective_length(points, threshold: float) -> Optional[int]:
     """The largest length such that the score is >= threshold at it and at every shorter
     evaluated length; None when the shortest already falls below (or was not scored)."""

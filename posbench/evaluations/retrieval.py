@@ -32,8 +32,9 @@ from posbench.data.base import dataset_class, dataset_config
 from posbench.data.tokenize import Tokenizer
 from posbench.core.errors import ConfigError, require, require_positive
 from posbench.evaluations.base import (RELATIVE_SHARE, EvalConfig, Section, SectionConfig,
-                                       by_length, effective_lengths, eval_config, register,
-                                       scored_within_memory, set_eval_options, with_train_length)
+                                       by_length, effective_lengths, eval_config, plant_share,
+                                       register, scored_within_memory, set_eval_options,
+                                       with_train_length)
 from posbench.evaluations.perplexity import ppl_effective_length
 from posbench.core.plots import pyplot, save_figure
 from posbench.core.progress import Bar
@@ -190,19 +191,18 @@ def train_key_tokens(passkeys: Passkeys, seq_len: int) -> int:
 
 def mixer(passkeys: Passkeys, mix: float):
     """train_batch's `plant` for train.retrieval_mix; None when it is 0."""
-    return (lambda rows, seed, step: mix_rows(rows, passkeys, mix, seed, step)) if mix else None
+    return (lambda rows, seed, step, taken=(): mix_rows(rows, passkeys, mix, seed, step, taken)
+            ) if mix else None
 
 
-def mix_rows(rows: np.ndarray, passkeys: Passkeys, mix: float, seed: int, step: int) -> None:
-    """Replaces a share `mix` of the batch's rows by passkey sequences of training text, in place:
-    floor(mix * B) rows, one more with probability of the remainder."""
-    rng = np.random.default_rng([seed, step, MIX_STREAM])
-    batch, length = rows.shape[0], rows.shape[1] - 1
-    count = int(mix * batch) + int(rng.random() < mix * batch - int(mix * batch))
-    longest = train_key_tokens(passkeys, length)
-    for row in rng.choice(batch, size=count, replace=False):
-        rows[row] = passkeys.make(rng, length, rng.random(), 1,
-                                  int(rng.integers(1, longest + 1)), split="train")[0]
+def mix_rows(rows: np.ndarray, passkeys: Passkeys, mix: float, seed: int, step: int,
+             taken=()) -> List[int]:
+    """Replaces a share `mix` of the batch's rows (not in `taken`) by passkey sequences of
+    training text, in place (plant_share): the rows it replaced."""
+    longest = train_key_tokens(passkeys, rows.shape[1] - 1)
+    return plant_share(rows, mix, seed, step, MIX_STREAM, lambda rng, row, length: passkeys.make(
+        rng, length, rng.random(), 1, int(rng.integers(1, longest + 1)), split="train")[0],
+        taken)
 
 
 def sequences(passkeys: Passkeys, r, length: int, depth: float):

@@ -39,9 +39,14 @@ tokens of the answer; its separators and uuid hyphens are fed but not scored):
   hold the answer taken out and the haystack run on to the same length, minus its loss with
   them: what the needles are worth to the model. 0 for a model that does not retrieve.
 
-Not here: RULER's common and frequent word extraction (cwe, fwe) and QA, a training mix of these
-formats (a tiny model trained on text alone does not learn them; train.retrieval_mix teaches the
-passkey's), and RULER's prompt templates, which are replaced by the short formats above.
+train.ruler_mix replaces that fraction of training sequences by instances of train.ruler_tasks
+at the training length (a tiny model trained on text alone does not learn these formats), each
+built by Task.make at eval.ruler's default counts, of a task and a depth drawn uniformly, with
+its text haystack from training documents, all from the row's own generator of (seed, step,
+row): see training_instance.
+
+Not here: RULER's common and frequent word extraction (cwe, fwe) and QA, and RULER's prompt
+templates, which are replaced by the short formats above.
 """
 from __future__ import annotations
 
@@ -59,8 +64,9 @@ from posbench.core.progress import Bar
 from posbench.data.base import dataset_class, dataset_config
 from posbench.data.tokenize import Tokenizer
 from posbench.evaluations.base import (Section, SectionConfig, by_length, effective_lengths,
-                                       eval_config, register, scored_within_memory,
-                                       set_eval_options, with_train_length)
+                                       eval_config, plant_share, register,
+                                       scored_within_memory, set_eval_options,
+                                       with_train_length)
 
 FORMAT = 1  # bump when an instance's format changes: results.json records it
 SAMPLE = 1 << 24  # validation tokens read to find which tokens of each kind occur
@@ -74,6 +80,11 @@ SEP, HYPHEN = ", ", "-"
 NOISE = "the hills are quiet and the river runs slow. "  # the noise haystack's sentence
 BLANK = " "  # the blank haystack's token (its first, should the tokenizer split it)
 UUID_GROUP = 4  # uuid tokens between hyphens
+# train.ruler_mix: a batch's share and rows are drawn from the generator of (seed, step,
+# MIX_STREAM), each planted row from that of (seed, step, MIX_STREAM, row + 1): four words where
+# an evaluation instance's are five (seed, task, length, depth, trial), so that no training
+# generator is an evaluation's (nor the batch's (seed, step), nor retrieval_mix's stream 7)
+MIX_STREAM = 11
 
 # the characters of each kind of drawn token
 CHARSETS = {"words": b"abcdefghijklmnopqrstuvwxyz", "numbers": b"0123456789",
@@ -193,12 +204,17 @@ class Vocabulary:
     def spell(self, ids) -> bytes:
         return b"".join(self.spelled[int(i)] for i in ids)
 
-    def longest_document(self) -> int:
-        return int(np.diff(self.data.val_docs).max()) if len(self.data.val_docs) > 1 else 0
+    def docs(self, split: str) -> np.ndarray:
+        return self.data.val_docs if split == "val" else self.data.train_docs
 
-    def text(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        """n tokens of one validation document, from a uniform start among all that fit."""
-        docs = self.data.val_docs
+    def longest_document(self, split: str = "val") -> int:
+        docs = self.docs(split)
+        return int(np.diff(docs).max()) if len(docs) > 1 else 0
+
+    def text(self, rng: np.random.Generator, n: int, split: str = "val") -> np.ndarray:
+        """n tokens of one document of the split (validation: the evaluation's; train: the
+        training mix's), from a uniform start among all that fit."""
+        docs = self.docs(split)
         counts = np.maximum(np.diff(docs) - n + 1, 0)
         cum = np.cumsum(counts)
         assert cum[-1] > 0, n  # Task.check refused lengths without such a document
@@ -315,33 +331,40 @@ class Task:
                 add(p.value, hay)
         return need
 
-    def check(self, length: int) -> None:
+    def check(self, length: int, split: str = "val") -> None:
         """Refuses, in one line, a length whose window the instance does not fit, items the
-        vocabulary cannot draw distinctly enough of, and text no validation document holds."""
-        fixed = self.fixed()
+        vocabulary cannot draw distinctly enough of, and text no document of the split holds
+        (split train: the training mix's instances at train.seq_len, named so)."""
+        fixed, train = self.fixed(), split == "train"
+        what = (f"train.ruler_tasks={self.name} with train.seq_len={length}" if train
+                else f"eval.ruler.tasks={self.name} at length {length}")
+        instead = f"a shorter train.seq_len or train.ruler_tasks without {self.name}"
         if fixed > length + 1:
             raise ConfigError(
-                f"eval.ruler.tasks={self.name} at length {length} is not accepted: its needles, "
-                f"query and answer take {fixed} tokens, more than the window's {length + 1}; "
-                f"expected eval.ruler.lengths of at least {fixed - 1} for {self.name}, or "
-                "fewer or shorter needles (eval.ruler's counts)")
+                f"{what} is not accepted: its needles, query and answer take {fixed} tokens, "
+                f"more than the window's {length + 1}; expected " + (
+                    f"train.seq_len of at least {fixed - 1}, or train.ruler_tasks without "
+                    f"{self.name}" if train else f"eval.ruler.lengths of at least {fixed - 1} "
+                    f"for {self.name}, or fewer or shorter needles (eval.ruler's counts)"))
         for kind, need in self.demand(length).items():
             alphabet, n = len(self.vocab.alphabets[kind]), getattr(self.cfg, TOKENS_KEY[kind])
             if need > alphabet ** n:
+                drawn = (f"{self.name} at length {length} draws {need} distinct {kind}, and {n} "
+                         f"token(s) of the {alphabet} {kind} tokens of the run's vocabulary "
+                         f"make {alphabet ** n}")
                 raise ConfigError(
-                    f"eval.ruler.{TOKENS_KEY[kind]}={n} is not accepted: {self.name} at length "
-                    f"{length} draws {need} distinct {kind}, and {n} token(s) of the "
-                    f"{alphabet} {kind} tokens of the run's vocabulary make {alphabet ** n}; "
-                    f"expected a larger eval.ruler.{TOKENS_KEY[kind]} or shorter lengths")
+                    f"{what} is not accepted: {drawn}; expected {instead}" if train else
+                    f"eval.ruler.{TOKENS_KEY[kind]}={n} is not accepted: {drawn}; expected a "
+                    f"larger eval.ruler.{TOKENS_KEY[kind]} or shorter lengths")
         if self.preset.haystack == "text":
             need, longest = self.haystack_size(length) + self.removed(), \
-                self.vocab.longest_document()
+                self.vocab.longest_document(split)
             if need > longest:
                 raise ConfigError(
-                    f"eval.ruler.tasks={self.name} at length {length} is not accepted: its "
-                    f"haystack takes {need} tokens of one validation document, and the longest "
-                    f"of {self.vocab.data.name} has {longest}; expected shorter "
-                    "eval.ruler.lengths")
+                    f"{what} is not accepted: its haystack takes {need} tokens of one "
+                    f"{'training' if train else 'validation'} document, and the longest of "
+                    f"{self.vocab.data.name} has {longest}; expected "
+                    + (instead if train else "shorter eval.ruler.lengths"))
 
     # ---- drawing ----------------------------------------------------------------------------
 
@@ -369,12 +392,13 @@ class Task:
     def needle(self, key: np.ndarray, value: np.ndarray) -> np.ndarray:
         return np.concatenate([self.pieces[KEY], key, self.pieces[IS], value, self.pieces[STOP]])
 
-    def haystack(self, rng: np.random.Generator, n: int, taken: set) -> np.ndarray:
+    def haystack(self, rng: np.random.Generator, n: int, taken: set,
+                 split: str = "val") -> np.ndarray:
         kind = self.preset.haystack
         if kind == "blank":
             return np.repeat(self.vocab.blank, n)
         if kind == "text":
-            return self.vocab.text(rng, n)
+            return self.vocab.text(rng, n, split)
         if kind == "noise":
             return np.tile(self.pieces[NOISE], -(-n // self.unit()))[:n]
         count = -(-n // self.unit())  # needles: of other keys and values
@@ -392,12 +416,14 @@ class Task:
         b = self.boundaries(n)
         return int(b[np.argmin(np.abs(b - depth * n))])
 
-    def make(self, rng: np.random.Generator, length: int, depth: float) -> Instance:
+    def make(self, rng: np.random.Generator, length: int, depth: float,
+             split: str = "val") -> Instance:
+        """One instance; a text haystack from documents of `split` (train: the training mix's)."""
         taken: set = set()
         placed, query, answers = (self._chain if self.preset.chain else self._needles)(
             rng, length, depth, taken)
         hay_size = self.haystack_size(length)
-        hay = self.haystack(rng, hay_size + self.removed(), taken)
+        hay = self.haystack(rng, hay_size + self.removed(), taken, split)
         tail = [query, np.concatenate([a for a, _ in answers])]
         row = self._assemble(hay[:hay_size], placed, tail)
         removed = self._assemble(hay, [p for p in placed if not p.answer], tail)
@@ -502,6 +528,40 @@ def instances(task: Task, cfg: RulerConfig, length: int, depth: float) -> List[I
             for trial in range(cfg.trials)]
 
 
+def training_tasks(run_cfg, data) -> List[Task]:
+    """train.ruler_mix's tasks, at eval.ruler's default counts, after refusing any that the
+    training length or the training documents cannot hold."""
+    vocab = Vocabulary(data, run_cfg.dataset)
+    tasks = [Task(name, RulerConfig(), vocab) for name in run_cfg.train.ruler_tasks]
+    for task in tasks:
+        task.check(run_cfg.train.seq_len, split="train")
+    return tasks
+
+
+def training_instance(tasks: List[Task], seed: int, step: int, row: int,
+                      length: int) -> Tuple[Task, Instance]:
+    """Row `row` of training batch `step` under train.ruler_mix: a task of `tasks` and a depth in
+    [0, 1) drawn uniformly, and the instance Task.make builds of them at `length`, its text
+    haystack from training documents; all from the row's own generator (MIX_STREAM)."""
+    rng = np.random.default_rng([seed, step, MIX_STREAM, row + 1])
+    task = tasks[int(rng.integers(len(tasks)))]
+    return task, task.make(rng, length, float(rng.random()), split="train")
+
+
+def training_mix(run_cfg, data):
+    """train_batch's `plant` for train.ruler_mix (plant_share), after refusing tasks that the
+    training length cannot hold; None when the mix is 0."""
+    mix = run_cfg.train.get("ruler_mix", 0.0)  # runs saved before it existed lack it
+    if not mix:
+        return None
+    tasks = training_tasks(run_cfg, data)
+
+    def plant(rows: np.ndarray, seed: int, step: int, taken=()) -> List[int]:
+        return plant_share(rows, mix, seed, step, MIX_STREAM, lambda rng, row, length:
+                           training_instance(tasks, seed, step, row, length)[1].row, taken)
+    return plant
+
+
 def answer_scores(model, rows: torch.Tensor, scored: torch.Tensor):
     """Per row: the mean loss (bits per token) of its scored answer tokens, which are among its
     last len(scored), and whether each of them is the model's argmax."""
@@ -587,8 +647,25 @@ class Ruler(Section):
 
     @classmethod
     def check(cls, cfg: RulerConfig, run_cfg) -> None:
-        """Its keys, whether enabled or not; what the run's tokenizer and text must hold is
-        checked when it is planned (plan_tasks)."""
+        """Its keys, whether enabled or not, and train.ruler_mix's, which plants its tasks in
+        training sequences; what the run's tokenizer and text must hold is checked when it is
+        planned (plan_tasks, training_tasks)."""
+        t = run_cfg.train
+        mix = t.get("ruler_mix", 0.0)  # runs saved before it existed lack it
+        require(0 <= mix < 1, "train.ruler_mix", mix,
+                "a fraction in [0, 1) (the share of training sequences that are RULER tasks)")
+        passkeys = t.get("retrieval_mix", 0.0)
+        require(mix == 0 or mix + passkeys < 1, "train.ruler_mix", mix,
+                f"less than 1 - train.retrieval_mix={passkeys} (the two mixes share the rows)")
+        require(mix == 0 or dataset_class(run_cfg.dataset).text, "train.ruler_mix", mix,
+                f"0 for dataset={run_cfg.dataset.name} (RULER's tasks are planted in text)")
+        tasks = list(t.get("ruler_tasks", PRESETS))
+        require(mix == 0 or len(tasks) > 0, "train.ruler_tasks", tasks,
+                "a non-empty list of tasks: " + ", ".join(PRESETS))
+        for name in tasks:
+            require(name in PRESETS, "train.ruler_tasks", name,
+                    f"one of {', '.join(PRESETS)}{did_you_mean(name, PRESETS)}")
+        require(len(set(tasks)) == len(tasks), "train.ruler_tasks", tasks, "each task once")
         require(len(cfg.tasks) > 0, "eval.ruler.tasks", list(cfg.tasks),
                 "a non-empty list of tasks: " + ", ".join(PRESETS))
         for name in cfg.tasks:

@@ -37,7 +37,8 @@ from posbench.data import Data, prepare
 from posbench.core.device import resolve_device
 from posbench.core.errors import CheckpointError, ConfigError, one_line
 from posbench.evaluations import Evaluation
-from posbench.evaluations.retrieval import training_mix
+from posbench.evaluations import retrieval, ruler
+from posbench.evaluations.base import planting
 from posbench.core.io import FileLock, LockHeld, write_json
 from posbench.runs.loggers import NoLogger, make_logger
 from posbench.model.transformer import build_model
@@ -149,7 +150,7 @@ class Start:
     checkpoint: Optional[Checkpoint]  # to resume from; None: step 0
     lock: Optional[FileLock]  # the run dir's, held until the run ends; None on ranks > 0
     evaluations: List[Evaluation]  # planned, run after training
-    plant: Optional[Callable] = None  # train_batch's, for train.retrieval_mix
+    plant: Optional[Callable] = None  # train_batch's, for train.retrieval_mix and ruler_mix
     validation: Optional[Validation] = None  # every train.val_every steps, on rank 0
 
     def release(self) -> None:
@@ -200,7 +201,7 @@ class RunDir:
                                   "wrote its results.json while this one started; expected one "
                                   "process per run dir (nothing was overwritten)")
             device, data, planned = prepare_run(cfg)
-            plant = training_mix(cfg, data)
+            plant = planting(retrieval.training_mix(cfg, data), ruler.training_mix(cfg, data))
             t = cfg.train
             # before the first step: data too short for its windows is refused, not a failed run
             validation = (Validation(data, t.seq_len, t.batch_size, device, training_options(t))
