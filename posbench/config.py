@@ -43,6 +43,12 @@ class ModelConfig:
     # RMSNorm with a learned gain on q and on k over the model width, before any encoding acts
     # (DroPE's QK-norm, which its recalibration needs at high learning rates)
     qk_norm: bool = False
+    # a sigmoid gate on each head's attention output, from the layer's input, before the output
+    # projection (Qiu et al. 2025, Qwen3-Next): none, headwise (one per head) or elementwise
+    # (one per channel, the paper's best and Qwen3-Next's)
+    attn_gate: str = "none"
+    # a learned logit per head in every softmax denominator that adds no value (gpt-oss's sinks)
+    attn_sinks: bool = False
 
 
 @dataclass
@@ -283,6 +289,11 @@ def _check_attention(m) -> None:
     window = m.get("attention_window")
     if window is not None:
         require_positive("model.attention_window", window)
+    from posbench.attention.paths import ATTN_GATES
+
+    gate = m.get("attn_gate", ModelConfig.attn_gate)
+    require(gate in ATTN_GATES, "model.attn_gate", gate,
+            f"one of {ATTN_GATES}{did_you_mean(gate, ATTN_GATES)}")
 
 
 def _check_temperature(cfg) -> None:

@@ -17,14 +17,24 @@ CASES = [(name, ()) for name in posbench.list_encodings()] + [
     ("grape_a", (f"encoding.gate={gate}",)) for gate in ("query", "key", "none")] + [
     ("p_rope", ("encoding.p=0.5", f"encoding.variant={v}")) for v in ("reversed", "partial")] + [
     ("clipped_rope", ("encoding.variant=hard",))]
+# model.attn_gate and model.attn_sinks on an encoding of each evaluation path: sinks take the
+# blockwise path in place of the lag tables, a gate alone keeps them
+KNOBS = ["nope", "rope", "alibi", "t5", "fire", "transformer_xl", "decay", "fox",
+         "stick_breaking", "shaw"]
+CASES += [(name, ("model.attn_gate=elementwise", "model.attn_sinks=true")) for name in KNOBS] + [
+    (name, ("model.attn_gate=headwise",)) for name in KNOBS]
 
 
 def off_init(model):
-    """The encoding's parameters moved off their init: T5's bias and CoPE's table start at 0."""
+    """The encoding's parameters moved off their init: T5's bias and CoPE's table start at 0;
+    the sinks too, to a few logits."""
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in model.encoding.parameters():
             p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.3)
+        for block in model.blocks:
+            if block.attn.sinks is not None:
+                block.attn.sinks.add_(torch.randn(block.attn.sinks.shape, generator=gen) * 2)
     return model
 
 

@@ -23,6 +23,17 @@
 Each layer's span (posbench/attention/span.py) masks the keys outside it with the causal mask:
 FlexAttention's block mask on CUDA (also without a score_mod), and on CPU blocks that take only the
 keys in reach, so memory is bounded by the span's width.
+
+Two options of every layer act on every path (model.attn_gate, model.attn_sinks):
+- a learned sink logit s_h per head joins each row's softmax denominator and adds no value:
+  p_ij = e^{l_ij} / (e^{s_h} + sum_j e^{l_ij}) (gpt-oss). FlexAttention returns each row's
+  log-sum-exp, and its output is scaled by sigmoid(lse - s_h); the dense-score blocks append s_h
+  as one more column of the row; the SDPA-mask blocks attend to one more key, of zeros, with s_h
+  as its mask and a zero value. Fused causal SDPA and the evaluation fast paths of lag_bias.py
+  return no log-sum-exp, so a layer with sinks takes the blockwise path on CPU in their place
+  (FlexAttention on CUDA).
+- a gate sigmoid(x W_g) multiplies each head's output before the output projection (Qiu et al.
+  2025's G1), outside the paths: CausalSelfAttention.forward.
 """
 from __future__ import annotations
 
@@ -50,6 +61,8 @@ BACKWARD_ROWS = 64
 FLEX_SHAPES = 64
 # model.qk_norm's epsilon: the rms_norm_eps of the models DroPE recalibrates (Llama, SmolLM)
 QK_NORM_EPS = 1e-5
+# model.attn_gate: no gate, one gate per head (broadcast over its channels), one per channel
+ATTN_GATES = ("none", "headwise", "elementwise")
 
 
 @dataclass(frozen=True)
@@ -58,6 +71,8 @@ class LayerAttention:
     span: Span = GLOBAL  # which keys each query sees (posbench/attention/span.py)
     temperature: str = "none"  # posbench/attention/temperature.py
     qk_norm: bool = False  # RMSNorm of q and k over the model width (model.qk_norm)
+    gate: str = "none"  # a sigmoid gate on each head's output from the layer's input (ATTN_GATES)
+    sinks: bool = False  # a learned sink logit per head in the softmax denominator
 
 
 class CausalSelfAttention(nn.Module):
@@ -73,11 +88,23 @@ class CausalSelfAttention(nn.Module):
         self.k_norm = nn.RMSNorm(d_model, eps=QK_NORM_EPS) if options.qk_norm else None
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.proj = nn.Linear(d_model, d_model, bias=False)
+        # Gated attention's G1 gate: sigmoid(x W_g), no bias, one logit per head or per channel;
+        # its weight is initialized with the model's other projections (GPT._init)
+        if options.gate not in ATTN_GATES:
+            raise ValueError(f"attention gate {options.gate!r}: expected one of {ATTN_GATES}")
+        self.gate = (None if options.gate == "none" else
+                     nn.Linear(d_model, n_head if options.gate == "headwise" else d_model,
+                               bias=False))
+        # gpt-oss's sinks: one logit per head, drawn from N(0, 0.02^2) by GPT._init
+        self.sinks = nn.Parameter(torch.zeros(n_head)) if options.sinks else None
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, encoding) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.heads(x, pos, encoding)
-        y = attend(q, k, v, pos, *encoding.at_layer(self.layer), x, span=self.span)
+        y = attend(q, k, v, pos, *encoding.at_layer(self.layer), x, span=self.span,
+                   sinks=self.sinks)
+        if self.gate is not None:  # (B, T, H or C) -> (B, H, T, 1 or d), each head's own
+            y = y * torch.sigmoid(self.gate(x)).view(B, T, self.n_head, -1).transpose(1, 2)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
     def heads(self, x: torch.Tensor, pos: torch.Tensor, encoding):
@@ -122,26 +149,29 @@ def bound_hooks(q, k, pos, encoding, layer, x=None):
     return score_mod, row_mod, value_mod
 
 
-def attend(q, k, v, pos, encoding, layer, x=None, span: Span = GLOBAL):
+def attend(q, k, v, pos, encoding, layer, x=None, span: Span = GLOBAL, sinks=None):
     """Causal attention of q, k, v (B, H, T, d) under the encoding's hooks, each query seeing the
     keys of its `span`; x (B, T, D), the attention's input, is needed by the encodings that read
-    it (reads_input)."""
+    it (reads_input). `sinks` (H,): a sink logit per head in every row's softmax denominator, or
+    None."""
     if q.dtype != v.dtype:
         # rotate kept q and k wider than v (the group family's shear under autocast): their
         # logits need it, and autocast would round them back to bf16 in SDPA and FlexAttention
         with torch.autocast(q.device.type, enabled=False):
-            return attend(q, k, v.to(q.dtype), pos, encoding, layer, x, span).to(v.dtype)
+            return attend(q, k, v.to(q.dtype), pos, encoding, layer, x, span,
+                          sinks).to(v.dtype)
     if encoding.remap is not None:
-        return remapped_attention(q, k, v, pos, encoding, layer, span)
+        return remapped_attention(q, k, v, pos, encoding, layer, span, sinks)
     score_mod, row_mod, value_mod = bound_hooks(q, k, pos, encoding, layer, x)
     if row_mod is None and value_mod is None:
-        if score_mod is None and span.is_global:
+        if score_mod is None and span.is_global and sinks is None:
             return causal_sdpa(q, k, v)
         if q.is_cuda and not _learns_through(score_mod, q):
-            return flex_attention(q, k, v, score_mod, span)  # its block mask skips hidden blocks
+            # its block mask skips hidden blocks; its log-sum-exp takes the sinks
+            return flex_attention(q, k, v, score_mod, span, sinks)
         # the lag tables' strided views are eager-only: a compiled graph (train.compile) fuses
-        # the blockwise mask instead
-        lags = span.is_global and not torch.compiler.is_compiling()
+        # the blockwise mask instead; they return no log-sum-exp for a sink
+        lags = span.is_global and not torch.compiler.is_compiling() and sinks is None
         if score_mod is not None and encoding.lag_only_bias and lags:
             table = lag_table(score_mod, pos, q.shape[1], q.dtype)
             if table is not None and not table.requires_grad:  # learned, in training: below
@@ -161,7 +191,7 @@ def attend(q, k, v, pos, encoding, layer, x=None, span: Span = GLOBAL):
     additive = ((score_mod is None or encoding.additive_score_mod) and row_mod is None
                 and value_mod is None)
     return blockwise_attention(q, k, v, score_mod, row_mod, value_mod, additive=additive,
-                               span=span)
+                               span=span, sinks=sinks)
 
 
 def causal_sdpa(q, k, v):
@@ -175,12 +205,14 @@ def causal_sdpa(q, k, v):
 
 
 def blockwise_attention(q, k, v, score_mod=None, row_mod=None, value_mod=None, additive=False,
-                        span: Span = GLOBAL):
+                        span: Span = GLOBAL, sinks=None):
     """Exact causal attention, one block of queries at a time against the keys its span shows.
-    `additive`: score_mod only adds a bias, so each block runs as SDPA with that bias as mask."""
-    block = (functools.partial(_bias_block, score_mod=score_mod, span=span) if additive else
+    `additive`: score_mod only adds a bias, so each block runs as SDPA with that bias as mask.
+    `sinks` (H,): each head's sink logit in the softmax denominator, or None."""
+    block = (functools.partial(_bias_block, score_mod=score_mod, span=span, sinks=sinks)
+             if additive else
              functools.partial(_attend_block, score_mod=score_mod, row_mod=row_mod,
-                               value_mod=value_mod, span=span))
+                               value_mod=value_mod, span=span, sinks=sinks))
     return by_row_blocks(q, k, v, block, span)
 
 
@@ -210,10 +242,12 @@ def by_row_blocks(q, k, v, block, span: Span = GLOBAL):
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
 
 
-def _bias_block(q, k, v, start, b, h, score_mod, key_start=0, span: Span = GLOBAL):
+def _bias_block(q, k, v, start, b, h, score_mod, key_start=0, span: Span = GLOBAL, sinks=None):
     """One block through fused SDPA, the additive score_mod evaluated on zero scores as its mask
     (none: zeros): (1, H, Tq, Tk) when the batch shares positions, expanded to 4-D B, H without
-    copying (CPU's fused kernel needs that). Its keys start at sequence index key_start."""
+    copying (CPU's fused kernel needs that). Its keys start at sequence index key_start. With
+    `sinks` (H,), one more key leads them: zeros, its value zeros and its mask the head's sink
+    logit, so that e^{s_h} joins each row's denominator and nothing its output."""
     Tq, Tk = q.shape[2], k.shape[2]
     q_idx, kv_idx = block_indices(start, Tq, Tk, q.device, key_start)
     if score_mod is None:
@@ -222,8 +256,15 @@ def _bias_block(q, k, v, start, b, h, score_mod, key_start=0, span: Span = GLOBA
         bias = score_mod(torch.zeros((), dtype=q.dtype, device=q.device), b, h, q_idx, kv_idx)
     # one pass over the block where masked_fill would copy, then fill
     mask = torch.where(span.hidden(q_idx, kv_idx), float("-inf"), bias.to(q.dtype))
+    offset = start - key_start  # the sequence index of the block's first query, among its keys
+    if sinks is not None:
+        H = q.shape[1]
+        mask = torch.cat((sinks.to(q.dtype).view(1, H, 1, 1).expand(mask.shape[0], H, Tq, 1),
+                          mask.expand(mask.shape[0], H, Tq, Tk)), dim=-1)
+        k, v = F.pad(k, (0, 0, 1, 0)), F.pad(v, (0, 0, 1, 0))
+        offset, Tk = offset + 1, Tk + 1
     if mask.requires_grad:
-        return BiasedAttention.apply(q, k, v, mask, start - key_start)
+        return BiasedAttention.apply(q, k, v, mask, offset)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.expand(*q.shape[:2], Tq, Tk))
 
 
@@ -236,19 +277,21 @@ def block_indices(start: int, Tq: int, Tk: int, device, key_start: int = 0):
 
 
 def _attend_block(q, k, v, start, b, h, score_mod, row_mod, value_mod, key_start=0,
-                  span: Span = GLOBAL):
+                  span: Span = GLOBAL, sinks=None):
     """One block from dense fp32 scores, for any combination of hooks."""
-    probs, q_idx, kv_idx = _block_probs(q, k, start, b, h, score_mod, row_mod, key_start, span)
+    probs, q_idx, kv_idx = _block_probs(q, k, start, b, h, score_mod, row_mod, key_start, span,
+                                        sinks)
     out = probs @ v.to(probs.dtype)
     if value_mod is not None:
         out = out + value_mod(probs, q_idx=q_idx, kv_idx=kv_idx)
     return out.to(v.dtype)
 
 
-def _block_probs(q, k, start, b, h, score_mod, row_mod, key_start=0, span: Span = GLOBAL):
+def _block_probs(q, k, start, b, h, score_mod, row_mod, key_start=0, span: Span = GLOBAL,
+                 sinks=None):
     """Causal attention probabilities (B, H, Tq, Tk) in fp32 at least of the query block that
     starts at sequence index `start` against keys from `key_start`, each query seeing its span,
-    with the block's q_idx and kv_idx."""
+    with the block's q_idx and kv_idx. With `sinks` (H,), each row's sum is e^{s_h} short of 1."""
     q_idx, kv_idx = block_indices(start, q.shape[2], k.shape[2], q.device, key_start)
     dtype = torch.promote_types(q.dtype, torch.float32)  # logits in fp32 at least, even under bf16
     # scaling q, not the scores, saves a pass over the block's scores; autocast off, or it
@@ -261,27 +304,39 @@ def _block_probs(q, k, start, b, h, score_mod, row_mod, key_start=0, span: Span 
     scores = scores.masked_fill(future, float("-inf"))
     if row_mod is not None:
         scores = row_mod(scores, q_idx=q_idx, kv_idx=kv_idx).masked_fill(future, float("-inf"))
-    return torch.softmax(scores, dim=-1), q_idx, kv_idx
+    return softmax_with_sinks(scores, sinks), q_idx, kv_idx
 
 
-def attention_probs(q, k, pos, encoding, layer, start=0, end=None, x=None, span: Span = GLOBAL):
+def softmax_with_sinks(scores, sinks=None):
+    """softmax over the last dim of scores (B, H, Tq, Tk); with sinks (H,), e^{s_h} joins each
+    row's denominator: the softmax of the row with s_h appended, that column dropped (gpt-oss)."""
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    sink = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:3], 1)
+    return torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
+
+
+def attention_probs(q, k, pos, encoding, layer, start=0, end=None, x=None, span: Span = GLOBAL,
+                    sinks=None):
     """Attention probabilities (B, H, end - start, end) of queries start..end-1 from q and k as
     CausalSelfAttention.heads returns them: the dense-score path every hook goes through, for
     inspecting what a trained model attends to (value_mod changes the output, not these); keys
-    outside the layer's span get 0."""
+    outside the layer's span get 0; with the layer's `sinks`, a row sums to 1 less the sink's
+    share."""
     end = q.shape[2] if end is None else end
     if encoding.remap is not None:
         q, k, is_near = _remapped_heads(q, k, pos, encoding, layer)
         b = torch.arange(q.shape[0], device=q.device).view(-1, 1, 1, 1)
-        return _remap_probs(q[:, :, start:end], k[:, :, :end], start, b, is_near, span=span)
+        return _remap_probs(q[:, :, start:end], k[:, :, :end], start, b, is_near, span=span,
+                            sinks=sinks)
     score_mod, row_mod, _ = bound_hooks(q, k, pos, encoding, layer, x)
     b = torch.arange(q.shape[0], device=q.device).view(-1, 1, 1, 1)
     h = torch.arange(q.shape[1], device=q.device).view(1, -1, 1, 1)
     return _block_probs(q[:, :, start:end], k[:, :, :end], start, b, h, score_mod, row_mod,
-                        span=span)[0]
+                        span=span, sinks=sinks)[0]
 
 
-def remapped_attention(q, k, v, pos, encoding, layer, span: Span = GLOBAL):
+def remapped_attention(q, k, v, pos, encoding, layer, span: Span = GLOBAL, sinks=None):
     """Causal attention under the encoding's `remap` hook (RoPE's eval-time distance remaps,
     posbench/encodings/rope.py): the logit of query i and key j is near_q_i . near_k_j / sqrt(d)
     where is_near, else far_q_i . far_k_j / sqrt(d), exactly, from dense fp32 scores a block of
@@ -289,7 +344,7 @@ def remapped_attention(q, k, v, pos, encoding, layer, span: Span = GLOBAL):
     q2, k2, is_near = _remapped_heads(q, k, pos, encoding, layer)
 
     def block(q, k, v, start, b, h, key_start=0):
-        probs = _remap_probs(q, k, start, b, is_near, key_start, span)
+        probs = _remap_probs(q, k, start, b, is_near, key_start, span, sinks)
         return (probs @ v.to(probs.dtype)).to(v.dtype)
 
     return by_row_blocks(q2, k2, v, block, span)
@@ -302,7 +357,7 @@ def _remapped_heads(q, k, pos, encoding, layer):
     return torch.cat((near_q, far_q), -1), torch.cat((near_k, far_k), -1), is_near
 
 
-def _remap_probs(q, k, start, b, is_near, key_start=0, span: Span = GLOBAL):
+def _remap_probs(q, k, start, b, is_near, key_start=0, span: Span = GLOBAL, sinks=None):
     """Probabilities (B, H, Tq, Tk) of the block of queries at sequence index start.. against
     the keys from key_start, from _remapped_heads' q and k; b (B, 1, 1, 1) indexes the batch for
     is_near."""
@@ -314,7 +369,8 @@ def _remap_probs(q, k, start, b, is_near, key_start=0, span: Span = GLOBAL):
         near_k, far_k = k.to(dtype).split(d, -1)
         scores = torch.where(is_near(b, q_idx, kv_idx), near_q @ near_k.transpose(-2, -1),
                              far_q @ far_k.transpose(-2, -1))
-    return torch.softmax(scores.masked_fill(span.hidden(q_idx, kv_idx), float("-inf")), dim=-1)
+    return softmax_with_sinks(scores.masked_fill(span.hidden(q_idx, kv_idx), float("-inf")),
+                              sinks)
 
 
 class BiasedAttention(torch.autograd.Function):
@@ -398,18 +454,39 @@ def _compiled_flex():
     return torch.compile(flex, dynamic=False)
 
 
-def flex_attention(q, k, v, score_mod, span: Span = GLOBAL):
+def flex_attention(q, k, v, score_mod, span: Span = GLOBAL, sinks=None):
     """FlexAttention with the span's block mask (causal for a global span); score_mod may be
-    None."""
+    None. With `sinks` (H,), the output of each row times sigmoid(lse - s_h), its log-sum-exp
+    lse as FlexAttention returns it: Z / (Z + e^{s_h}), the sink's share of the denominator
+    taken out (the gradient flows through lse too)."""
     from torch.nn.attention.flex_attention import create_block_mask
     from torch.nn.attention.flex_attention import flex_attention as flex
 
     T = q.shape[2]
+    lse = {} if sinks is None else _lse_request()
     if torch.compiler.is_compiling():  # in train.compile's graph: traced into it, no caches
         mask = create_block_mask(span.mask_mod(), None, None, T, T, device=q.device)
-        return flex(q, k, v, score_mod=score_mod, block_mask=mask)
-    mask = _block_mask(T, str(q.device), span)
-    # one compile per (batch, length, grad mode): a study has more shapes than dynamo's default
-    # limit of 8, past which FlexAttention runs unfused and forms the whole scores
-    with torch._dynamo.config.patch(recompile_limit=FLEX_SHAPES):
-        return _compiled_flex()(q, k, v, score_mod=score_mod, block_mask=mask)
+        out = flex(q, k, v, score_mod=score_mod, block_mask=mask, **lse)
+    else:
+        mask = _block_mask(T, str(q.device), span)
+        # one compile per (batch, length, grad mode): a study has more shapes than dynamo's
+        # default limit of 8, past which FlexAttention runs unfused and forms the whole scores
+        with torch._dynamo.config.patch(recompile_limit=FLEX_SHAPES):
+            out = _compiled_flex()(q, k, v, score_mod=score_mod, block_mask=mask, **lse)
+    if sinks is None:
+        return out
+    out, aux = out
+    lse = aux if isinstance(aux, torch.Tensor) else aux.lse
+    work = torch.promote_types(out.dtype, torch.float32)
+    share = torch.sigmoid(lse.to(work) - sinks.to(work).view(1, -1, 1))
+    return out * share.unsqueeze(-1).to(out.dtype)
+
+
+def _lse_request() -> dict:
+    """FlexAttention's keyword for its log-sum-exp (natural log, per query row): return_aux
+    from torch 2.9, return_lse before."""
+    try:
+        from torch.nn.attention.flex_attention import AuxRequest
+    except ImportError:
+        return {"return_lse": True}
+    return {"return_aux": AuxRequest(lse=True)}

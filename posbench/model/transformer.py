@@ -64,6 +64,9 @@ class GPT(nn.Module):
     def _init(module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, 0.0, 0.02)
+        elif isinstance(module, CausalSelfAttention) and module.sinks is not None:
+            # gpt-oss's sinks as Hugging Face initializes them: N(0, initializer_range^2)
+            nn.init.normal_(module.sinks, 0.0, 0.02)
 
     def hidden(self, idx: torch.Tensor, pos: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Final hidden states (B, T, D), before the output head."""
@@ -118,7 +121,8 @@ def build_model(cfg: DictConfig, vocab_size: Optional[int] = None):
 def layer_attention(cfg: DictConfig, encoding: PositionalEncoding) -> List[LayerAttention]:
     """Each layer's span and temperature: model.attention and model.temperature, or what the
     encoding sets for that layer (a `layers` pattern's per-kind values); spans of width
-    model.attention_window (null: L/4)."""
+    model.attention_window (null: L/4); model.qk_norm, model.attn_gate and model.attn_sinks in
+    every layer."""
     m = cfg.model
     # runs saved before these keys existed: global attention, no temperature
     defaults = {"attention": m.get("attention", "global"),
@@ -129,5 +133,6 @@ def layer_attention(cfg: DictConfig, encoding: PositionalEncoding) -> List[Layer
         options = {**defaults, **encoding.attention_options(layer)}
         kind = options["attention"]
         layers.append(LayerAttention(GLOBAL if kind == "global" else Span(kind, width),
-                                     options["temperature"], m.get("qk_norm", False)))
+                                     options["temperature"], m.get("qk_norm", False),
+                                     m.get("attn_gate", "none"), m.get("attn_sinks", False)))
     return layers

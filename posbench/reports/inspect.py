@@ -142,7 +142,8 @@ def lag_mass(model, x: torch.Tensor):
         rows = max(1, min(T, BLOCK_ELEMENTS // (B * H * T)))  # bounds memory like blockwise
         for start in range(0, T, rows):
             probs = attention_probs(q, k, pos, *encoding.at_layer(attn.layer), start,
-                                    min(T, start + rows), x=inp, span=attn.span)
+                                    min(T, start + rows), x=inp, span=attn.span,
+                                    sinks=attn.sinks)
             lag = (torch.arange(start, start + probs.shape[2], device=x.device).view(-1, 1)
                    - torch.arange(probs.shape[3], device=x.device)).clamp(min=0)  # future: p = 0
             total.scatter_add_(2, lag.flatten().expand(B, H, -1),

@@ -84,8 +84,9 @@ def estimate(cfg, world_size: int = 1) -> Estimate:
         model = build_model(cfg)
     params = model.num_params()
     weights = params - sum(p.numel() for p in model.encoding.parameters())
-    hooks = any(getattr(model.encoding, hook) is not None
-                for hook in ("score_mod", "row_mod", "value_mod"))
+    # sinks take the blockwise path on CPU, as a score hook does
+    hooks = cfg.model.get("attn_sinks", False) or any(
+        getattr(model.encoding, hook) is not None for hook in ("score_mod", "row_mod", "value_mod"))
     # a distance remap (eval only) scores in blocks too
     eval_hooks = hooks or cfg.eval.rope_scaling in ROPE_REMAPS
     m, t = cfg.model, cfg.train
