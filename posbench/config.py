@@ -17,6 +17,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
 from posbench import evaluations
+from posbench.attention.paths import ATTN_GATES
 from posbench.data import check_dataset
 from posbench.data import registry as dataset_registry
 from posbench.core.errors import ConfigError, did_you_mean, require, require_positive
@@ -289,8 +290,6 @@ def _check_attention(m) -> None:
     window = m.get("attention_window")
     if window is not None:
         require_positive("model.attention_window", window)
-    from posbench.attention.paths import ATTN_GATES
-
     gate = m.get("attn_gate", ModelConfig.attn_gate)
     require(gate in ATTN_GATES, "model.attn_gate", gate,
             f"one of {ATTN_GATES}{did_you_mean(gate, ATTN_GATES)}")
