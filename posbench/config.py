@@ -85,8 +85,8 @@ class TrainConfig:
     # fraction of training sequences replaced by instances of RULER's tasks as eval.ruler builds
     # them (at its default counts), a task of ruler_tasks and a depth drawn per (seed, step, row)
     # (posbench/evaluations/ruler.py); with retrieval_mix, on other rows, the two sum below 1.
-    # The budget at which the tiny model learns them: docs/results.md, "RULER's formats in
-    # training"
+    # At 0.5 the tiny model learns them between steps 2000 and 3000 (ALiBi) and 4000 and 5000
+    # (RoPE) of a 6000-step run (docs/results.md, "RULER's formats in training")
     ruler_mix: float = 0.0
     ruler_tasks: List[str] = field(default_factory=lambda: list(RULER_TASKS))
     # train with switch_encoding_to instead of the encoding from this fraction of train.steps on
