@@ -29,9 +29,12 @@ def shape_params(records: List[dict]) -> Dict[tuple, int]:
     return sizes
 
 
-def size_text(params: float) -> str:
-    """214000 -> '214K', 3.2e6 -> '3.2M'."""
-    return f"{params / 1e3:.0f}K" if params < 1e6 else f"{params / 1e6:.1f}M"
+def size_label(params: float) -> str:
+    """1.25e8 -> '125M', 214000 -> '214K'."""
+    for value, prefix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if params >= value:
+            return f"{params / value:.3g}{prefix}"
+    return f"{params:g}"
 
 
 def by_size(groups: Dict[str, List[dict]], series_of: Dict[str, str]
@@ -67,7 +70,7 @@ def report_lines(groups: Dict[str, List[dict]], series_of: Dict[str, str],
             return "—"
         return f"{stats['mean']:.3f}" + (f" ({gap.cell()})" if gap is not None else "")
 
-    header = "| series | " + " | ".join(size_text(s) for s in sizes) + " |"
+    header = "| series | " + " | ".join(size_label(s) for s in sizes) + " |"
     rule = "|---|" + "---:|" * len(sizes)
     ratio_cell = lambda label: "—" if ratio(label) is None else f"{ratio(label):.2f}"
     lines = ["", "By model size (parameters; a series is one encoding across the sizes). "
@@ -104,7 +107,7 @@ def plot(table: Dict[str, Dict[int, str]], sizes: List[int],
         ax.set_xscale("log")
         ax.xaxis.set_major_locator(FixedLocator(sizes))
         ax.xaxis.set_minor_locator(NullLocator())
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: size_text(v)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: size_label(v)))
         ax.set_xlabel("model parameters")
         ax.set_ylabel(ylabel)
         plain_log_y(ax)

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from posbench.reports.by_size import size_label
 from posbench.reports.paired import Paired, paired
 
 REPRODUCED, NOT_REPRODUCED, NOT_COMPARABLE = ("reproduced", "not reproduced",
@@ -59,14 +60,6 @@ class Measured:
 
 def pct(x: float) -> str:
     return f"{x:+.1%}"
-
-
-def size_label(params: float) -> str:
-    """1.25e8 -> '125M'."""
-    for value, prefix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if params >= value:
-            return f"{params / value:.3g}{prefix}"
-    return f"{params:g}"
 
 
 def x_text(x: float) -> str:

@@ -13,7 +13,8 @@ from typing import Dict, List, Optional, Tuple
 from posbench.core.errors import ConfigError
 from posbench.core.io import write_json, write_text
 from posbench.reports.report import find_runs
-from posbench.reproduce.claims import VERDICTS, Claim, Measured, size_label, task_group, x_text
+from posbench.reports.by_size import size_label
+from posbench.reproduce.claims import VERDICTS, Claim, Measured, task_group, x_text
 from posbench.runs.results import RESULTS
 from posbench.core.version import __version__
 
