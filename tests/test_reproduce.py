@@ -15,9 +15,9 @@ from posbench.reproduce import (NOT_COMPARABLE, NOT_REPRODUCED, REPRODUCED, VERD
 from posbench.reproduce.command import parse, sweep_overrides
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "reproduce.md"
-ENTRIES = ("alibi_table2", "alibi_table2_cpu", "barbero2024", "gelberg2025", "golovneva2024",
-           "haviv2022_nope",
-           "kazemnejad2023", "ruoss2023")
+ENTRIES = ("alibi_table2", "alibi_table2_cpu", "barbero2024", "gelberg2025",
+           "gelberg2025_retrieval", "golovneva2024", "haviv2022_nope", "kazemnejad2023",
+           "ruoss2023")
 TOY = ["hydra/launcher=basic", "encoding=rope,alibi", "model.n_layer=1", "model.d_model=32",
        "model.n_head=2", "train.steps=3", "train.batch_size=2", "train.seq_len=32",
        "train.warmup_steps=1", "train.log_every=1", "eval.lengths=[32,64,128]",

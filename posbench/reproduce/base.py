@@ -231,6 +231,43 @@ def instance_position(record: dict, length: int) -> float:
     return task.size(length + 1) / task.size(record["train"]["seq_len"] + 1)
 
 
+def ruler_exact_match(records: List[dict], row_of, tasks: Tuple[str, ...],
+                      at_paper_scale: bool = False) -> Measured:
+    """The measure of an entry over eval.ruler's tasks, where one run scores every task: a group
+    `<task>/<row>` (claims.task_group) per task of each run, `row_of(record)` naming its row;
+    by length over the run's training length, the exact match of RULER's by_length (the mean
+    over the run's depths and trials), then the mean over seeds with their 95% t-interval (0 for
+    one seed). A run without eval.ruler, or without one of the tasks, adds nothing to it. No
+    lengths: Measured.compare pairs perplexity windows, which say nothing of these scores."""
+    from posbench.reports.report import t95
+    from posbench.reproduce.claims import task_group
+
+    scores: Dict[str, Dict[float, List[float]]] = defaultdict(lambda: defaultdict(list))
+    runs: Dict[str, List[dict]] = defaultdict(list)
+    for record in records:
+        found = (record.get("eval") or {}).get("ruler") or {}
+        for task in tasks:
+            points = (found.get("tasks") or {}).get(task, {}).get("by_length", [])
+            group = task_group(task, row_of(record))
+            for point in points:
+                if "exact_match" in point:
+                    x = point["length"] / record["train"]["seq_len"]
+                    scores[group][x].append(point["exact_match"])
+            if points:
+                runs[group].append(record)
+    values: Dict[str, Dict[float, float]] = defaultdict(dict)
+    spread: Dict[str, Dict[float, float]] = defaultdict(dict)
+    for group, by_x in scores.items():
+        for x, xs in by_x.items():
+            n = len(xs)
+            mean = sum(xs) / n
+            sd = math.sqrt(sum((v - mean) ** 2 for v in xs) / (n - 1)) if n > 1 else 0.0
+            values[group][x] = mean
+            spread[group][x] = t95(n - 1) * sd / math.sqrt(n) if n > 1 else 0.0
+    return Measured(dict(values), at_paper_scale=at_paper_scale, spread=dict(spread),
+                    runs=dict(runs))
+
+
 _REGISTRY = Registry(Reproduction)
 
 

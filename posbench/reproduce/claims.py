@@ -317,6 +317,80 @@ class AccuracyIn(Claim):
         return (REPRODUCED if holds else NOT_REPRODUCED), detail
 
 
+@dataclass(frozen=True)
+class AheadAt(Claim):
+    """In each of `tasks`, `task/group`'s exact match at x = `at` is above the best of its
+    `rivals` (`task/<rival>`) by more than the band: `tolerance` (accuracy points) plus the two
+    groups' seed bands (Measured.spread) combined in quadrature. tie: the claim is "best or
+    tied-best", so a gap inside the band holds too.
+
+    A score past L says nothing about length for a model that cannot do the task at L: a task
+    where the group's exact match at x = 1 is under `learned` is not comparable, and a rival
+    under it is left out and named (a task with no rival left is not comparable). Verdict over
+    the tasks: any task behind beyond its band is not reproduced; else any task not comparable,
+    or inside its band without `tie`, leaves the claim not comparable; else reproduced."""
+    group: str = "drope"
+    rivals: Tuple[str, ...] = ()
+    tasks: Tuple[str, ...] = ()
+    at: float = 2.0
+    tie: bool = False
+    learned: Optional[float] = 0.5
+    unit: str = field(default="accuracy", kw_only=True)
+
+    def judge(self, m: Measured) -> Tuple[str, str]:
+        parts, ahead, behind, open_ = [], 0, 0, 0
+        for task in self.tasks:
+            mine = task_group(task, self.group)
+            row = m.values.get(mine, {})
+            if self.at not in row:
+                parts.append(f"{task}: {self.group} not measured at {x_text(self.at)}")
+                open_ += 1
+                continue
+            if self.learned is not None and row.get(1.0, 0.0) < self.learned:
+                parts.append(f"{task}: {self.group} not learned at L ({row.get(1.0, 0.0):.3f} "
+                             f"under {self.learned:g})")
+                open_ += 1
+                continue
+            scores, left_out, absent = {}, [], []
+            for rival in self.rivals:
+                theirs = m.values.get(task_group(task, rival), {})
+                if self.at not in theirs:
+                    absent.append(rival)
+                elif self.learned is not None and theirs.get(1.0, 0.0) < self.learned:
+                    left_out.append(f"{rival} {theirs.get(1.0, 0.0):.3f}")
+                else:
+                    scores[rival] = theirs[self.at]
+            notes = ((f"; not learned at L, left out: {', '.join(left_out)}" if left_out else "")
+                     + (f"; not measured: {', '.join(absent)}" if absent else ""))
+            if not scores:
+                parts.append(f"{task}: no rival of {self.group} to compare with{notes}")
+                open_ += 1
+                continue
+            best = max(scores, key=scores.get)
+            gap = row[self.at] - scores[best]
+            band = self.tolerance + math.hypot(
+                m.spread.get(mine, {}).get(self.at, 0.0),
+                m.spread.get(task_group(task, best), {}).get(self.at, 0.0))
+            text = (f"{task}: {self.group} {row[self.at]:.3f} against {best} "
+                    f"{scores[best]:.3f} ({gap:+.3f}, band ±{band:.3f})")
+            if gap > band or (self.tie and gap >= -band):
+                ahead += 1
+                text += "" if gap > band else " tied"
+            elif gap < -band:
+                behind += 1
+                text += " behind beyond the band"
+            else:
+                open_ += 1
+                text += " a tie"
+            parts.append(text + notes)
+        detail = f"exact match at {x_text(self.at)}: " + "; ".join(parts)
+        if behind:
+            return NOT_REPRODUCED, detail
+        if open_ or not ahead:
+            return NOT_COMPARABLE, detail
+        return REPRODUCED, detail
+
+
 def reciprocal_ranks(scores: Dict[str, float]) -> Dict[str, float]:
     """1/rank of each score, the highest ranked 1; tied scores share the mean of their ranks."""
     ordered = sorted(scores.values(), reverse=True)
