@@ -12,8 +12,8 @@ WHY = f"the paper's gaps are 3-9% with one seed each; {PAIRED_WHY}"
 
 @register("gelberg2025", "DroPE Table 6: RoPE dropped at 8/16 and 14/16 of training (CPU)")
 class Gelberg2025(Reproduction):
-    paper = ("Gelberg, Eguchi, Akiba & Cetin 2025, DroPE: dropping positional embeddings after "
-             "pretraining, arXiv 2512.12167")
+    paper = ("Gelberg, Eguchi, Akiba & Cetin 2025, Extending the Context of Pretrained LLMs by "
+             "Dropping Their Positional Embeddings (DroPE), arXiv 2512.12167")
     where = "Table 6"
     setting = ("tiny model (0.8M) with QK-norm, byte-level pystdlib, trained at L=128 for 2000 "
                "steps of 16 with RoPE dropped at step 1000 or 1750, 3 seeds, perplexity at "
