@@ -259,8 +259,10 @@ def run_job(cfg: DictConfig, run_dir: Path, multirun: bool) -> None:
     if main_rank:
         (run_dir / REFUSED).unlink(missing_ok=True)  # an earlier start's refusal no longer holds
         if start.checkpoint:
-            print(f"posbench: resuming from step {start.checkpoint.step} of {cfg.train.steps} "
-                  f"({CHECKPOINT})")
+            steps = start.budget.steps  # None: trained until train.budget_seconds are spent
+            print(f"posbench: resuming from step {start.checkpoint.step}"
+                  + (f" of {steps}" if steps else f" after {start.checkpoint.seconds:.1f} s")
+                  + f" ({CHECKPOINT})")
     try:
         _save_hydra_files(run_dir, cfg)
     except OSError as err:  # e.g. a full disk

@@ -110,6 +110,12 @@ class TrainConfig:
     # perplexity at eval.lengths (and retrieval when enabled) before the first step and every
     # this many steps, into eval_vs_step.csv and .png (0: only at the end, into results.json)
     eval_every: int = 0
+    # what every run of a comparison spends alike (posbench/runs/budget.py): tokens (train.steps
+    # steps), flops (the training FLOPs budget_reference spends in train.steps steps; each
+    # encoding takes as many steps as they pay for) or wallclock (budget_seconds of training)
+    budget: str = "tokens"
+    budget_reference: str = "rope"
+    budget_seconds: Optional[float] = None
 
 
 @dataclass
@@ -139,6 +145,7 @@ ROPE_SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn", "rerope", "self_ext
 ROPE_REMAPS = ROPE_SCALINGS[5:]  # of relative distances, not of frequencies
 TRAIN_ROPE_SCALINGS = ("none", "pi", "ntk", "yarn")  # train.rope_scaling, static or dynamic
 RANDOMIZED_POSITIONS = ("random", "plain")
+BUDGETS = ("tokens", "flops", "wallclock")  # train.budget
 DEVICES = ("auto", "cpu", "cuda")
 LOGGERS = ("none", "wandb")
 LOGGER_MODES = ("offline", "online", "disabled")
@@ -311,6 +318,30 @@ def _check_temperature(cfg) -> None:
             cfg.train.seq_len, "more than 1 token with temperature logn (it divides by ln L)")
 
 
+def _check_budget(t) -> None:
+    from posbench.encodings.base import registry
+
+    budget = t.get("budget", "tokens")  # absent from runs saved before it existed
+    require(budget in BUDGETS, "train.budget", budget,
+            f"one of {BUDGETS}{did_you_mean(budget, BUDGETS)}")
+    seconds = t.get("budget_seconds")
+    if budget == "wallclock":
+        require(seconds is not None and math.isfinite(seconds) and seconds > 0,
+                "train.budget_seconds", seconds,
+                "a number of seconds > 0 with train.budget=wallclock (how long to train)")
+    else:
+        require(seconds is None, "train.budget_seconds", seconds,
+                f"null with train.budget={budget} (only wallclock trains by the clock)")
+    entries = registry()
+    reference = t.get("budget_reference", TrainConfig.budget_reference)
+    require(reference in entries, "train.budget_reference", reference,
+            f"a registered encoding{did_you_mean(reference, entries)}, whose train.steps steps "
+            "set train.budget=flops's FLOPs")
+    require(budget == "tokens" or t.get("switch_encoding_at") is None, "train.switch_encoding_at",
+            t.get("switch_encoding_at"), f"null with train.budget={budget} (the switch is a "
+            "fraction of train.steps)")
+
+
 def _check_switch(cfg) -> None:
     from posbench.encodings.base import registry
 
@@ -423,6 +454,7 @@ def check(cfg: DictConfig) -> None:
              f"one of {RANDOMIZED_POSITIONS}")
     _check_temperature(cfg)
     _check_switch(cfg)
+    _check_budget(cfg.train)
     require(cfg.device in DEVICES, "device", cfg.device, f"one of {DEVICES}")
     require(cfg.logger.name in LOGGERS, "logger.name", cfg.logger.name, f"one of {LOGGERS}")
     require(cfg.logger.mode in LOGGER_MODES, "logger.mode", cfg.logger.mode, f"one of {LOGGER_MODES}")

@@ -29,7 +29,8 @@ class Bar:
     """Counts `total` units from `initial`: `update()` after each, `log(...)` where a line is due
     (called after at least one update)."""
 
-    def __init__(self, desc: str, total: int, unit: str, initial: int = 0, enabled: bool = True):
+    def __init__(self, desc: str, total: Optional[int], unit: str, initial: int = 0,
+                 enabled: bool = True):
         desc = f"{desc} at {_during[-1]}" if _during else desc
         self.desc, self.total, self.unit, self.initial = desc, total, unit, initial
         self.n, self.enabled = initial, enabled
@@ -52,11 +53,13 @@ class Bar:
         if not self.enabled:
             return
         elapsed = time.perf_counter() - self.started
-        # the rate of this session's units: a resumed run's earlier steps took no time here
-        eta = elapsed / (self.n - self.initial) * (self.total - self.n)
-        parts = [where or f"{self.unit} {self.n}/{self.total}",
+        parts = [where or f"{self.unit} {self.n}" + (f"/{self.total}" if self.total else ""),
                  *(f"{key}={value}" for key, value in fields.items()),
-                 f"elapsed={tqdm.format_interval(elapsed)}", f"eta={tqdm.format_interval(eta)}"]
+                 f"elapsed={tqdm.format_interval(elapsed)}"]
+        if self.total:  # None: units until a clock runs out (train.budget=wallclock)
+            # the rate of this session's units: a resumed run's earlier steps took no time here
+            eta = elapsed / (self.n - self.initial) * (self.total - self.n)
+            parts.append(f"eta={tqdm.format_interval(eta)}")
         print(f"{self.desc}: " + " ".join(parts), file=self.stream, flush=True)
 
     def close(self) -> None:

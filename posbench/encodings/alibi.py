@@ -45,3 +45,8 @@ class ALiBi(PositionalEncoding):
             return score - slopes[h] * lag(b, q_idx, kv_idx)
 
         return alibi
+
+    def flops(self, batch, length, pairs):
+        # the lag and its slope per head, from the shared position row; subtracted per score
+        H = self.dims.n_head
+        return self.dims.n_layer * pairs * (1 + H + batch * H)

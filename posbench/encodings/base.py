@@ -46,6 +46,14 @@ and never branch on its name. A hook left as None does nothing:
                                          the logit of query i and key j is near_q_i . near_k_j
                                          where is_near(b, q_idx, kv_idx), else far_q_i . far_k_j
 
+Beside the hooks, flops(batch, length, pairs) declares the encoding's own forward FLOPs
+(train.budget=flops counts them, posbench/runs/budget.py): over every layer, for `batch`
+sequences of `length` tokens of which `pairs` (query, key) pairs per sequence are scored, counted
+from its formulas, a multiply-add as 2, any other arithmetic or transcendental operation on an
+element as 1, and look-ups, copies, comparisons and clamps as 0. The default, 0, is for encodings
+whose own work is negligible beside the model's: a table look-up added to the embeddings or to a
+score.
+
 `pos` is always a (B, T) long tensor. `q_idx`/`kv_idx` index the sequence, never positions: read
 positions as pos[b, q_idx], and lags through `relative_lag(pos)`.
 """
@@ -212,6 +220,12 @@ class PositionalEncoding(nn.Module):
         """Called by training before every step: an encoding that changes with the step (the
         switch of train.switch_encoding_at, posbench/model/schedule.py) takes its state for
         `step`."""
+
+    def flops(self, batch: int, length: int, pairs: int) -> float:
+        """Forward FLOPs of this encoding's own work over every layer (the contract's counting
+        rules, above): `batch` sequences of `length` tokens, `pairs` scored (query, key) pairs
+        per sequence. Work on one position row is counted once, as the batch shares it."""
+        return 0.0
 
     def attention_options(self, layer: int) -> Dict[str, str]:
         """What this encoding sets of model layer `layer`'s attention, over the model's keys:

@@ -61,3 +61,10 @@ class CoPE(PositionalEncoding):
         # q_i.e[p] for every integer p (B, H, Tq, P_max): the interpolation gathers from it
         table = rows @ self.pos_emb[layer].to(logits.dtype)
         return logits + interpolate(table, contextual_positions(logits, self.cfg.p_max))
+
+    def flops(self, batch, length, pairs):
+        # q_i . e[p] for every integer p (a matmul per token), and per score its gate, the
+        # running count, and the interpolation between two table entries (8 operations)
+        dims = self.dims
+        per_token = 2 * dims.d_model * self.cfg.p_max
+        return dims.n_layer * batch * (length * per_token + 8 * dims.n_head * pairs)

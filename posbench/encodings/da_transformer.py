@@ -44,3 +44,9 @@ class DATransformer(PositionalEncoding):
             return torch.relu(score) * distance_rescale(w[h] * distance, v[h])
 
         return da
+
+    def flops(self, batch, length, pairs):
+        # |lag| of the shared position row; per head w|lag|, the sigmoid and its factor; per
+        # score the ReLU and the product
+        H = self.dims.n_head
+        return self.dims.n_layer * pairs * (2 + 4 * H + 2 * batch * H)

@@ -163,6 +163,14 @@ class FIRE(PositionalEncoding):
 
         return fire
 
+    def flops(self, batch, length, pairs):
+        # per pair of the shared position row: the lag, x = psi(lag) / normalizer, each hidden
+        # unit's w1 x + b1 and ReLU, then its w2 for every head and the sum; the bias added to
+        # each score. psi and the normalizers are per position (9 operations)
+        H, width = self.dims.n_head, self.cfg.width
+        per_pair = 2 + width * (3 + 2 * H) + batch * H
+        return self.dims.n_layer * (pairs * per_pair + 9 * length)
+
     def lag_rows(self, q, k, pos, layer):
         """At evaluation: f by query row and lag, x computed from the lags directly."""
         psi_lag, normalizer = self.inputs(pos, layer)

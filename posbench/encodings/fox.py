@@ -74,3 +74,9 @@ class FoX(PositionalEncoding):
             return score + (clock[b, h, q_idx] - clock[b, h, kv_idx])
 
         return forget
+
+    def flops(self, batch, length, pairs):
+        # per token: the gate's logits (D -> H), log σ and the running sum; per score c_i - c_j
+        # and its addition
+        H, D = self.dims.n_head, self.dims.d_model
+        return self.dims.n_layer * batch * (length * H * (2 * D + 2) + 2 * H * pairs)

@@ -132,6 +132,13 @@ class GrapeM(PositionalEncoding):
             return (turn(q.to(dtype), frame, cos, sin).to(q.dtype),
                     turn(k.to(dtype), frame, cos, sin).to(k.dtype))  # G(j)^{-T} = G(j)
 
+    def flops(self, batch, length, pairs):
+        # q and k turned as RoPE turns them (7 per model coordinate), and with a learned frame
+        # each projected onto it and back (two d x d products per head)
+        D, d = self.dims.d_model, self.dims.head_dim
+        frame = 8 * D * d if self.frame_generator is not None else 0
+        return self.dims.n_layer * batch * length * (7 * D + frame)
+
 
 @dataclass
 class GrapeAConfig(EncodingConfig):

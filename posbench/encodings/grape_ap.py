@@ -91,3 +91,10 @@ class GrapeAP(PositionalEncoding):
         edges = self.slopes.to(p.dtype).view(-1, 1, 1) * F.logsigmoid(weight)
         edges = edges.masked_fill(kv_idx > q_idx, 0.0)  # the path stops at the query
         return logits.to(p.dtype) + path_sum(edges)
+
+    def flops(self, batch, length, pairs):
+        # per token and head: the probe (D -> pd), its RMS norm and turn; per score p_t . r_l
+        # (2 pd), its scale, log σ, slope, the path sum (running sum, difference) and addition
+        H, D, pd = self.dims.n_head, self.dims.d_model, self.cfg.probe_dim
+        per_token = H * (2 * D * pd + 5 * pd + 2)
+        return self.dims.n_layer * batch * (length * per_token + H * (2 * pd + 6) * pairs)

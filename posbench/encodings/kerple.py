@@ -100,6 +100,13 @@ class Kerple(PositionalEncoding):
 
         return kerple
 
+    def flops(self, batch, length, pairs):
+        # the lag of the shared position row; per head log: r2 x, log1p, -r1 x (power: x^r2,
+        # -r1 x); added to each score
+        H = self.dims.n_head
+        per_head = 3 if self.cfg.kernel == "log" else 2
+        return self.dims.n_layer * pairs * (1 + per_head * H + batch * H)
+
 
 register("kerple_log", "learned per-head bias -r1*log(1 + r2*lag), shared by all layers",
          KerpleConfig(kernel="log"))(Kerple)

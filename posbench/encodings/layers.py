@@ -114,6 +114,9 @@ class Layers(PositionalEncoding):
     def at_layer(self, layer):
         return self.layer_map[layer]
 
+    def flops(self, batch, length, pairs):
+        return sum(kind.flops(batch, length, pairs) for kind in self.kinds.values())
+
     def attention_options(self, layer):
         entry = layer % len(self.cfg.pattern)
         return {key: getattr(self.cfg, key)[entry] for key in ("attention", "temperature")

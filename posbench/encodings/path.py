@@ -115,6 +115,24 @@ class PaTH(PositionalEncoding):
                 path = path + clock[:, :, rows, None] - clock[:, :, None, :]
         return path / math.sqrt(q.shape[-1])
 
+    def flops(self, batch, length, pairs):
+        """w's low-rank projection, convolution, SiLU and norm, and β, per token; the UT transform
+        of each chunk of CHUNK tokens (path_logits), per token; each query carried through the
+        earlier chunks, per pair whose key lies in one; the scaling of every logit; and with
+        forget_gate FoX's."""
+        H, d, D, C = self.dims.n_head, self.dims.head_dim, self.dims.d_model, CHUNK
+        r, K = self.cfg.w_rank, self.cfg.conv_size
+        reflections = 2 * (D * r + r * H * d + D * H) + H * (2 * K * d + 3 * d + 5)
+        # W W^T, W K^T, U^T W, Q W^T, (Q W^T) Z, Q K^T (each 2Cd), W^T Z (2d^2), (Q W^T) U (2C^2),
+        # the unit triangular solve for d + C columns, and 4C + 4d + d^2/C elementwise
+        transform = H * (12 * C * d + 3 * d * d + 2 * C * C + (C - 1) * (d + C) + 4 * C
+                         + 4 * d + d * d / C)
+        earlier = max(0.0, pairs - length * C / 2)  # pairs whose key is in an earlier chunk
+        per_pair = H * (2 * d + 2 * d * d / C)
+        own = batch * (length * (reflections + transform) + earlier * per_pair + H * pairs)
+        gate = self.forget.flops(batch, length, pairs) if self.forget is not None else 0.0
+        return self.dims.n_layer * own + gate
+
 
 def path_logits(q, k, w, beta, rows):
     """q_i^T H_i ... H_{j+1} k_j for the query rows `rows` (consecutive sequence indices) and every

@@ -93,6 +93,9 @@ class Randomized(PositionalEncoding):
     def at_layer(self, layer):
         return self.base.at_layer(layer)  # a pattern's own encoding per layer
 
+    def flops(self, batch, length, pairs):
+        return self.base.flops(batch, length, pairs)
+
     def attention_options(self, layer):
         return self.base.attention_options(layer)  # a pattern's spans and temperatures
 

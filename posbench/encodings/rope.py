@@ -255,6 +255,12 @@ class RoPE(PositionalEncoding):
         cos, sin = rope_tables(pos, inv_freq, q.dtype, factor)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
 
+    def flops(self, batch, length, pairs):
+        # q and k rotated (x cos + rotate_half(x) sin: 3.5 per element), and the position row's
+        # cos and sin (its angles, cos, sin and their factor: 4.5 per head coordinate)
+        dims = self.dims
+        return dims.n_layer * (7 * batch * length * dims.d_model + 4.5 * length * dims.head_dim)
+
     def set_eval_options(self, rope_scaling="none", temperature=None, rope_scaling_factor=None,
                          randomized_positions="plain", rope_window=None, rope_shift=None):
         if rope_scaling in REMAPS and not self.rope_remaps:

@@ -62,3 +62,10 @@ class Sandwich(PositionalEncoding):
             return score + scales[h] * table[lag(b, q_idx, kv_idx).clamp(min=0)]
 
         return sandwich
+
+    def flops(self, batch, length, pairs):
+        # the bias table over the lags (dim/2 cosines summed per lag), then per pair the lag, the
+        # head's scale, and the addition to each score
+        H = self.dims.n_head
+        table = length * (1.5 * self.dim + 1)
+        return self.dims.n_layer * (table + pairs * (1 + H + batch * H))

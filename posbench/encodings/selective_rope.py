@@ -168,3 +168,17 @@ class SelectiveRoPE(PositionalEncoding):
             q_rot = apply_rotary(q[:, :, rows].to(dtype), cos[:, :, rows], sin[:, :, rows])
             k_rot = apply_rotary(k[:, :, keys].to(dtype), cos[:, :, keys], sin[:, :, keys])
             return (q_rot * (1 / math.sqrt(q.shape[-1]))) @ k_rot.transpose(-2, -1)
+
+    def flops(self, batch, length, pairs):
+        """Per token: the chunks' L2 norm, the projection, the causal convolution and its
+        activation, the gate, the running sum, cos and sin, q and k rotated and q scaled; per
+        score, the rotated logit (2d), which replaces the attention's own."""
+        cfg, H, D, d = self.cfg, self.dims.n_head, self.dims.d_model, self.dims.head_dim
+        half = H * d // 2  # increments per token
+        projection = D * d if cfg.projection == "full_rank" else 2 * cfg.rank * (D + half)
+        per_token = (3 * D + 2 * H + projection + 2 * cfg.conv_size * half
+                     + half * (cfg.conv_activation == "silu") + half * cfg.phase_bias
+                     + (2 * D * H + 2 * H + half) * cfg.phase_gate
+                     + 2 * half  # running sum, angles
+                     + 2 * D + 7 * D + D)  # cos and sin, the rotation of q and k, q's scale
+        return self.dims.n_layer * batch * (length * per_token + 2 * D * pairs)

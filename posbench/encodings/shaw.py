@@ -63,6 +63,16 @@ class Shaw(PositionalEncoding):
 
         return shaw_keys
 
+    def flops(self, batch, length, pairs):
+        # q_i . wK[lag] for every query and clipped lag (k + 1 of them) and its scale; per pair the
+        # clipped lag and the addition to the score; with values, the mass per clipped lag
+        # (one addition per pair) and mass @ wV
+        H, D, lags = self.dims.n_head, self.dims.d_model, self.cfg.k + 1
+        own = batch * length * lags * (2 * D + H) + pairs * (1 + batch * H)
+        if self.cfg.values:
+            own += batch * length * lags * 2 * D + pairs * (1 + batch * H)
+        return self.dims.n_layer * own
+
     def value_mod(self, probs, pos, layer, q_idx, kv_idx):
         B = probs.shape[0]
         b = torch.arange(B, device=probs.device).view(B, 1, 1, 1)

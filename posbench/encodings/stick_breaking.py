@@ -51,3 +51,8 @@ class StickBreaking(PositionalEncoding):
     def row_mod(self, logits, q, k, pos, layer, q_idx, kv_idx):
         weights, leftover = stick_breaking(logits, q_idx, kv_idx)
         return torch.where(kv_idx == q_idx, leftover, weights)
+
+    def flops(self, batch, length, pairs):
+        # per score: log σ(-z) and log σ(z), the reverse running sum of the first, the leftover's
+        # sum (7 operations)
+        return self.dims.n_layer * batch * self.dims.n_head * 7 * pairs

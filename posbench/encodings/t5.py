@@ -60,3 +60,7 @@ class T5Bias(PositionalEncoding):
             return score + table[lag(b, q_idx, kv_idx).clamp(0, md), h]
 
         return t5
+
+    def flops(self, batch, length, pairs):
+        # the lag of the shared position row, its bucket's bias added to each score
+        return self.dims.n_layer * pairs * (1 + batch * self.dims.n_head)

@@ -99,6 +99,16 @@ class TransformerXL(PositionalEncoding):
 
         return transformer_xl
 
+    def flops(self, batch, length, pairs):
+        # the lag keys W_R R_lag (sinusoids of every lag, projected D -> D); per token the
+        # queries' q + v and scale and the key term k.u; per pair the query-lag products (a
+        # matmul over every lag a query sees), the lag, and the two additions to the score
+        H, D = self.dims.n_head, self.dims.d_model
+        lag_keys = length * (2 * D * D + 1.5 * D)
+        per_token = batch * length * (4 * D + H)
+        per_pair = pairs * (1 + 2 * batch * H + 2 * batch * D)
+        return self.dims.n_layer * (lag_keys + per_token + per_pair)
+
     def lag_rows(self, q, k, pos, layer):
         """Terms (b)+(d) by query row and lag, and (c) in the queries: (q_i + u) . k_j is (a)+(c),
         the reference's own form."""

@@ -37,6 +37,10 @@ class SwitchedEncoding(PositionalEncoding):
     def at_layer(self, layer):
         return self.active.at_layer(layer)
 
+    def flops(self, batch, length, pairs):
+        # the first encoding's, as an estimate plans it (train.budget=flops refuses a switch)
+        return self.first.flops(batch, length, pairs)
+
     def attention_options(self, layer):
         return self.first.attention_options(layer)  # spans and temperatures stay with the model
 

@@ -269,6 +269,17 @@ def _minutes(seconds: float) -> str:
     return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
 
 
+def budget(record: dict) -> str:
+    """What a run's training spent (train.budget), as summary.md names it."""
+    t = record["train"]
+    kind = t.get("budget", "tokens")  # runs saved before train.budget trained by tokens
+    if kind == "flops":
+        return f"flops: {t['budget_flops']:.3g} ({t['steps_run']} steps)"
+    if kind == "wallclock":
+        return f"wallclock: {t['budget_seconds']:g} s on {t['device']} ({t['steps_reached']} steps)"
+    return f"tokens: {t['steps']} steps"
+
+
 def protocol(record: dict) -> str:
     return record["eval"].get("protocol", "?")
 
@@ -354,6 +365,11 @@ def write_report(root: Path, only: Optional[str] = None) -> Dict[str, dict]:
                   + "), whose perplexities are not comparable with each other: the gap at train "
                   f"length compares groups of one protocol; `posbench report {root} --protocol "
                   "NAME` reports one alone.", ""]
+    kinds = sorted({budget(r).split(":")[0] for r in ok if r["_file"] == RESULTS})
+    if len(kinds) > 1:
+        lines += [f"These runs trained under {len(kinds)} budgets ({', '.join(kinds)}; "
+                  "train.budget): groups of different budgets did not spend alike, each "
+                  "group's is in the throughput table.", ""]
     lines += [f"Perplexity by evaluation length (training length "
               f"{', '.join(map(str, train_lens))}; protocol {', '.join(protocols)}){band}. A "
               "group with a change in parentheses is a re-score of the group it names "
@@ -397,10 +413,11 @@ def write_report(root: Path, only: Optional[str] = None) -> Dict[str, dict]:
     members, member_labels = [run for _, run in grouped], dict(enumerate(l for l, _ in grouped))
     for section in evaluations.sections():
         lines += section.report_lines(members, member_labels)
-    lines += ["", "Training throughput (mean over seeds):", "",
-              "| group | tokens/s | wall time (m:s) |", "|---|---:|---:|"]
-    lines += [f"| {label} | " + (f"{tps:.0f}" if tps else "—") + " | "
-              + (_minutes(wall) if wall else "—") + " |"
+    lines += ["", "Training budget (train.budget, of the group's first run) and throughput "
+              "(mean over seeds):", "",
+              "| group | budget | tokens/s | wall time (m:s) |", "|---|---|---:|---:|"]
+    lines += [f"| {label} | {budget(groups[label][0])} | " + (f"{tps:.0f}" if tps else "—")
+              + " | " + (_minutes(wall) if wall else "—") + " |"
               for label, (tps, wall) in in_table_order(throughput).items()]
     if repeats:
         lines += ["", "Runs left out of the means, as repeats rather than seeds:", ""] + repeats

@@ -4,7 +4,10 @@ The formulas (docs/design.md, "Estimates"), with B the batch per process, L the 
 n an evaluation length, d = model.d_model, V the vocabulary, P the parameters:
 - training FLOPs: 6·N·tokens + 6·n_layer·L·d·tokens (Kaplan et al. 2020: weights, then attention
   scores and their weighted sum, forward and backward), N the parameters outside the encoding
-  (its tables are looked up, not multiplied; the tied embedding counts once, as the output layer);
+  (its tables are looked up, not multiplied; the tied embedding counts once, as the output layer),
+  plus 3 times the encoding's own forward FLOPs per step (PositionalEncoding.flops over the
+  causal pairs L(L+1)/2), all for the run's steps (train.budget=flops sets them,
+  posbench/runs/budget.py; under wallclock, train.steps);
 - evaluation FLOPs: (2·N + 2·n_layer·n·d) per processed token, summed over the lengths;
 - training memory: 16·P bytes (fp32 weights, gradients and AdamW's two moments), plus
   4·B·L·(28·n_layer·d + 4·V) bytes of activations kept for the backward pass, plus, for an
@@ -76,14 +79,36 @@ def _processed_tokens(eval_cfg, length: int) -> int:
     return math.ceil(eval_cfg.tokens / scored) * length
 
 
-def estimate(cfg, world_size: int = 1) -> Estimate:
-    """The estimate of a checked config (no data read: the model is built on the meta device)."""
+def _meta_model(cfg):
     from posbench.model.transformer import build_model
 
     with torch.device("meta"):
-        model = build_model(cfg)
+        return build_model(cfg)
+
+
+def _weights(model) -> int:
+    """The parameters that multiply (the encoding's own count in its flops)."""
+    return model.num_params() - sum(p.numel() for p in model.encoding.parameters())
+
+
+def step_flops(cfg, model=None) -> float:
+    """Training FLOPs of one step (the formula above): the weights and the attention core, the
+    same for every encoding and attention path, plus 3 x the encoding's own forward FLOPs."""
+    model = model or _meta_model(cfg)
+    m, t = cfg.model, cfg.train
+    tokens = t.batch_size * t.seq_len
+    own = model.encoding.flops(t.batch_size, t.seq_len, t.seq_len * (t.seq_len + 1) // 2)
+    return (6 * _weights(model) * tokens + 6 * m.n_layer * t.seq_len * m.d_model * tokens
+            + 3 * own)
+
+
+def estimate(cfg, world_size: int = 1) -> Estimate:
+    """The estimate of a checked config (no data read: the model is built on the meta device)."""
+    from posbench.runs.budget import plan
+
+    model = _meta_model(cfg)
     params = model.num_params()
-    weights = params - sum(p.numel() for p in model.encoding.parameters())
+    weights = _weights(model)
     # sinks take the blockwise path on CPU, as a score hook does
     hooks = cfg.model.get("attn_sinks", False) or any(
         getattr(model.encoding, hook) is not None for hook in ("score_mod", "row_mod", "value_mod"))
@@ -91,8 +116,9 @@ def estimate(cfg, world_size: int = 1) -> Estimate:
     eval_hooks = hooks or cfg.eval.rope_scaling in ROPE_REMAPS
     m, t = cfg.model, cfg.train
     vocab = model.head.weight.shape[0]
-    tokens = t.batch_size * t.seq_len * t.steps
-    train_flops = 6 * weights * tokens + 6 * m.n_layer * t.seq_len * m.d_model * tokens
+    steps = plan(cfg).steps or t.steps
+    tokens = t.batch_size * t.seq_len * steps
+    train_flops = steps * step_flops(cfg, model)
     eval_cfg = with_train_length(cfg.eval, t.seq_len)
     eval_flops = sum(_processed_tokens(eval_cfg, n) * (2 * weights + 2 * m.n_layer * n * m.d_model)
                      for n in eval_cfg.lengths)
@@ -159,14 +185,19 @@ def _measure_step(cfg, device: torch.device, batch: int) -> float:
 
 def wall_time(cfg, est: Estimate, device: torch.device, threads: int,
               world_size: int = 1) -> Tuple[float, str]:
-    """The job's expected seconds on this machine, and a line saying how they were found:
-    train.steps times a measured step (step_seconds), plus the evaluation at the same rate per
-    FLOP (its FLOPs over a step's)."""
+    """The job's expected seconds on this machine, and a line saying how they were found: the
+    run's steps times a measured step (step_seconds), or train.budget_seconds under a wallclock
+    budget, plus the evaluation at the same rate per FLOP (its FLOPs over a step's)."""
     t = cfg.train
+    steps = est.tokens // (t.batch_size * t.seq_len)
     step = step_seconds(cfg, device, threads, world_size)
-    evaluating = step * est.eval_flops / (est.train_flops / t.steps / world_size)
-    total = t.steps * step + evaluating
-    return total, (f"about {span(total)}: {t.steps} steps x {span(step)}, a step measured on "
+    evaluating = step * est.eval_flops / (est.train_flops / steps / world_size)
+    wallclock = t.get("budget") == "wallclock"
+    training = t.budget_seconds if wallclock else steps * step
+    total = training + evaluating
+    how = (f"{span(training)} of train.budget_seconds" if wallclock
+           else f"{steps} steps x {span(step)}")
+    return total, (f"about {span(total)}: {how}, a step measured on "
                    f"this machine ({threads} thread{'s' * (threads > 1)}), + {span(evaluating)} "
                    "evaluating (by FLOPs)" + ("; train.compile is not timed, the steps ran "
                                               "eager" if t.compile else ""))

@@ -120,7 +120,8 @@ class StepCurve:
     def score(self, step: int, model) -> dict:
         """Appends the rows of `step` and returns its scores: the run's planned evaluations, as
         they score it at the end (the model is left in eval mode)."""
-        with during(f"step {step}/{self.cfg.train.steps}"):
+        with during(f"step {step}" + (f"/{self.start.budget.steps}" if self.start.budget.steps
+                                       else "")):
             scores = evaluations.run(self.start.evaluations, model, self.start.device)
         found = {p["length"]: p for p in (scores.get("retrieval") or {}).get("by_length", [])}
         with open(self.path, "a", newline="") as f:

@@ -40,6 +40,8 @@ from posbench.evaluations import Evaluation
 from posbench.evaluations import retrieval, ruler
 from posbench.evaluations.base import planting
 from posbench.core.io import FileLock, LockHeld, write_json
+from posbench.runs.budget import Budget
+from posbench.runs.budget import plan as plan_budget
 from posbench.runs.loggers import NoLogger, make_logger
 from posbench.model.transformer import build_model
 from posbench.runs.results import (RESULTS, length_metrics, load_results, print_curve,
@@ -152,6 +154,7 @@ class Start:
     evaluations: List[Evaluation]  # planned, run after training
     plant: Optional[Callable] = None  # train_batch's, for train.retrieval_mix and ruler_mix
     validation: Optional[Validation] = None  # every train.val_every steps, on rank 0
+    budget: Optional[Budget] = None  # how long it trains (train.budget)
 
     def release(self) -> None:
         if self.lock:
@@ -215,7 +218,7 @@ class RunDir:
             elif cfg.train.get("init_from"):
                 initial_weights(Path(cfg.train.init_from), data, model)
             return Start(device, data, model.to(device), checkpoint, lock, planned, plant,
-                         validation)
+                         validation, plan_budget(cfg))
         except BaseException:
             if lock:
                 lock.release()
@@ -264,13 +267,16 @@ def record_failure(cfg: DictConfig, start: Start, run_dir: Path, progress: Progr
                    err: BaseException, again: str = "starting the run again") -> RunFailed:
     """Writes results.json with status failed (interrupted, for Ctrl-C) and the reason; the
     failure in one line, which says that `again` (the command that resumes) resumes it."""
-    t = cfg.train
+    t, steps = cfg.train, start.budget.steps
     reason = one_line(err)
     status = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
-    where = (f"at step {progress.step + 1} of {t.steps}" if progress.step < t.steps
-             else "after training")
+    if steps is None:  # a wallclock budget: the clock ends training, not a step count
+        where = f"after step {progress.step}"
+    else:
+        where = (f"at step {progress.step + 1} of {steps}" if progress.step < steps
+                 else "after training")
     record = results_record(cfg, start.model, start.data, [], status=status, error=reason,
-                            train={"seq_len": t.seq_len, "steps": t.steps,
+                            train={"seq_len": t.seq_len, "steps": steps,
                                    "steps_done": progress.step, "last_loss": progress.last_loss,
                                    "checkpoint_step": progress.saved_step,
                                    "resumed_from_step": progress.first})
@@ -324,7 +330,7 @@ def run_started(cfg: DictConfig, run_dir: Path, group: str, name: str, start: St
     except KeyboardInterrupt as err:  # recorded like a failure, but it stops a sweep too
         raise Interrupted(str(record_failure(cfg, start, run_dir, progress, err, again))) from None
     # after every training row
-    logger.log_curve(scores["curve"], step=cfg.train.steps + 1, per_length=length_metrics(record))
+    logger.log_curve(scores["curve"], step=summary["steps"] + 1, per_length=length_metrics(record))
     logger.finish({"final_loss": summary["final_loss"],
                    "train_len_ppl": record["eval"]["train_len_ppl"],
                    **{f"effective_length/{k}": v

@@ -1,4 +1,5 @@
-"""The training loop: from a planned start (posbench/runs/run.py) to train.steps, with its
+"""The training loop: from a planned start (posbench/runs/run.py) until its budget is spent
+(train.steps under the default train.budget=tokens; posbench/runs/budget.py), with its
 checkpoints.
 
 A non-finite loss stops training: on CPU it is caught at the step that made it; on CUDA, to
@@ -42,6 +43,16 @@ def lr_at(step: int, cfg) -> float:
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def lr_at_fraction(fraction: float, cfg) -> float:
+    """lr_at's schedule over a time budget (train.budget=wallclock) at the fraction of it spent:
+    warmup for the first warmup_steps/steps of it, then cosine decay to its end."""
+    warmup = cfg.warmup_steps / cfg.steps
+    if fraction < warmup:
+        return cfg.lr * fraction / warmup
+    progress = (fraction - warmup) / max(1e-9, 1 - warmup)
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
@@ -133,10 +144,11 @@ def prepare_training(model, t) -> None:
 
 def fit(cfg: DictConfig, start, run_dir: Path, logger,
         progress: Progress) -> Tuple[dict, Optional[dict]]:
-    """Trains a planned start (posbench/runs/run.py: Start) from its step to train.steps; returns
-    the `train` part of results.json and, when train.eval_every scored the last step, its
-    scores (the final evaluation's, which need not run again)."""
+    """Trains a planned start (posbench/runs/run.py: Start) from its step until its budget is
+    spent; returns the `train` part of results.json and, when train.eval_every scored the last
+    step, its scores (the final evaluation's, which need not run again)."""
     t, device, model, data = cfg.train, start.device, start.model, start.data
+    budget = start.budget
     main = distributed.is_main()
     allow_tf32(device)
     optimizer = make_optimizer(model, t, device)
@@ -160,44 +172,52 @@ def fit(cfg: DictConfig, start, run_dir: Path, logger,
     def trained_for() -> float:  # this session's training seconds, its evaluations left out
         return time.perf_counter() - session - evaluating
 
+    def spent() -> float:  # training seconds over every start of the run
+        if budget.seconds is not None and device.type == "cuda":
+            torch.cuda.synchronize(device)  # the clock counts finished steps, not queued ones
+        return seconds + trained_for()
+
     prepare_training(model, t)
-    for step in range(progress.first, t.steps):
+    step = progress.first
+    while not budget.spent(step, spent()):
         x, y = (distributed.shard(z).to(device, non_blocking=True) for z in
                 data.train_batch(t.seq_len, t.batch_size, cfg.seed, step, start.plant))
         pos = (distributed.shard(pose_positions(cfg.seed, step, t.batch_size, t.seq_len,
                                                 t.pose_span)).to(device)
                if t.get("pose_span") else None)
-        lr = lr_at(step, t)
+        lr = (lr_at(step, budget.schedule) if budget.seconds is None
+              else lr_at_fraction(spent() / budget.seconds, t))
         model.encoding.at_step(step)  # a schedule's encoding for this step (train.switch_*)
         window.add(train_step(model, step_fn, optimizer, x, y, lr, t.grad_clip, pos))
         done = step + 1
         log.step()
-        closes = window.n == t.log_every or done == t.steps
-        saves = done == t.steps or (t.ckpt_every > 0 and done % t.ckpt_every == 0)
+        last = budget.spent(done, spent())
+        closes = window.n == t.log_every or last
+        saves = last or (t.ckpt_every > 0 and done % t.ckpt_every == 0)
         if device.type == "cpu" or closes or saves:
             window.check(done, progress)
         loss = window.close() if closes else None
+        began = time.perf_counter()  # validation is evaluation: not training time
         log.row(done, model, loss, lr, trained_for())
         if curve is not None and done % t.eval_every == 0:
-            began = time.perf_counter()
             scores = curve.score(done, model)
-            if done == t.steps:  # what the final evaluation would score again
+            if last:  # what the final evaluation would score again
                 final = scores
             prepare_training(model, t)
-            evaluating += time.perf_counter() - began
+        evaluating += time.perf_counter() - began
         if saves and main:
-            save(run_dir / CHECKPOINT, cfg, start, optimizer, window, progress,
-                 seconds + trained_for(), done)
+            save(run_dir / CHECKPOINT, cfg, start, optimizer, window, progress, spent(), done)
             progress.saved_step = done
-        progress.step = done
+        progress.step = step = done
     log.close()
     if curve is not None:
         curve.close()
-    wall = seconds + trained_for()
-    tokens = t.batch_size * t.seq_len * t.steps
-    return {"seq_len": t.seq_len, "steps": t.steps, "tokens": tokens,
+    wall = spent()
+    tokens = t.batch_size * t.seq_len * progress.step
+    return {"seq_len": t.seq_len, "steps": progress.step, "tokens": tokens,
             "final_loss": window.final_loss, "tokens_per_second": tokens / wall,
-            "wall_seconds": wall, "resumed_from_step": progress.first}, final
+            "wall_seconds": wall, "resumed_from_step": progress.first,
+            **budget.record(progress.step, wall, device)}, final
 
 
 def save(path: Path, cfg: DictConfig, start, optimizer, window: LossWindow, progress: Progress,
@@ -214,11 +234,12 @@ class TrainingLog:
     validation loss every train.val_every steps, and the logger (wandb)."""
 
     def __init__(self, cfg: DictConfig, start, run_dir: Path, logger, first: int):
-        t, main = cfg.train, distributed.is_main()
+        main = distributed.is_main()
         self.cfg, self.run_dir, self.logger, self.first = cfg, run_dir, logger, first
         self.metrics = MetricsLog(run_dir / METRICS, first) if main else None
         self.validation = start.validation
-        self.bar = Bar(f"train {cfg.encoding.name}", t.steps, "step", initial=first, enabled=main)
+        self.bar = Bar(f"train {cfg.encoding.name}", start.budget.steps, "step", initial=first,
+                       enabled=main)
 
     def step(self) -> None:
         self.bar.update()
