@@ -41,8 +41,8 @@ USAGE = """usage: posbench <verb> [args]
                              retraining; -m sweeps eval keys, e.g.
                              posbench eval SWEEP_DIR -m eval.rope_scaling=none,pi,ntk,yarn
   extend RUN_DIR [overrides]  continue a finished run at a longer length (train.seq_len, default 4x)
-                             with train.rope_scaling=none|pi|ntk|yarn or train.pose_span (PoSE),
-                             its metric against the step in eval_vs_step.csv; -m sweeps, e.g.
+                             with train.rope_scaling=none|pi|ntk|yarn|llama3 or train.pose_span
+                             (PoSE), its metric by step in eval_vs_step.csv; -m sweeps, e.g.
                              posbench extend RUN_DIR -m train.rope_scaling=pi,yarn
   inspect RUN_DIR [--lengths L1,L2]
                              plots that explain a run (learned positions' PCA, attention mass by

@@ -100,8 +100,8 @@ class TrainConfig:
     # the length the rotary scalings count from (YaRN's original length, the dynamic scale n/L):
     # an extension keeps the first run of its lineage's; null: train.seq_len
     original_len: Optional[int] = None
-    # a rotary scaling to train with, as eval.rope_scaling evaluates: none, pi, ntk or yarn, with
-    # a static factor, or null (dynamic)
+    # a rotary scaling to train with, as eval.rope_scaling evaluates: none, pi, ntk, yarn or
+    # llama3, with a static factor, or null (dynamic)
     rope_scaling: str = "none"
     rope_scaling_factor: Optional[float] = None
     # PoSE (Zhu et al. 2024): each training window's positions skip so that they span this many,
@@ -140,10 +140,11 @@ class Config:
     device: str = "auto"
 
 
-ROPE_SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn", "rerope", "self_extend",
+ROPE_SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn", "llama3", "rerope", "self_extend",
                  "shifted_rope")
-ROPE_REMAPS = ROPE_SCALINGS[5:]  # of relative distances, not of frequencies
-TRAIN_ROPE_SCALINGS = ("none", "pi", "ntk", "yarn")  # train.rope_scaling, static or dynamic
+ROPE_REMAPS = ROPE_SCALINGS[6:]  # of relative distances, not of frequencies
+# train.rope_scaling, static or dynamic
+TRAIN_ROPE_SCALINGS = ("none", "pi", "ntk", "yarn", "llama3")
 RANDOMIZED_POSITIONS = ("random", "plain")
 BUDGETS = ("tokens", "flops", "wallclock")  # train.budget
 DEVICES = ("auto", "cpu", "cuda")
@@ -282,7 +283,8 @@ def _check_rope_remap(cfg) -> None:
     if scaling in ROPE_REMAPS and not encoding_class(cfg.encoding).rope_remaps:
         remappable = [name for name, entry in registry().items() if entry.cls.rope_remaps]
         require(False, "eval.rope_scaling", scaling,
-                f"none, pi, ntk, dynamic_ntk or yarn for encoding={cfg.encoding.get('name')}; "
+                "none, pi, ntk, dynamic_ntk, yarn or llama3 for encoding="
+                f"{cfg.encoding.get('name')}; "
                 f"the remaps apply to the encodings that rotate by RoPE alone: "
                 + ", ".join(remappable))
 
@@ -300,6 +302,29 @@ def _check_attention(m) -> None:
     gate = m.get("attn_gate", ModelConfig.attn_gate)
     require(gate in ATTN_GATES, "model.attn_gate", gate,
             f"one of {ATTN_GATES}{did_you_mean(gate, ATTN_GATES)}")
+
+
+def _check_eval_attention(cfg) -> None:
+    """eval.attention and its keys: a lambda mask replaces global layers' causal one, so a model
+    needs one; the keys are read by lambda alone."""
+    from posbench.attention.span import EVAL_ATTENTIONS
+
+    attention = cfg.eval.get("attention", "global")  # absent from runs saved before it existed
+    require(attention in EVAL_ATTENTIONS, "eval.attention", attention,
+            f"one of {EVAL_ATTENTIONS}{did_you_mean(attention, EVAL_ATTENTIONS)}")
+    sinks, window = cfg.eval.get("lambda_sinks"), cfg.eval.get("lambda_window")
+    for key, value in (("lambda_sinks", sinks), ("lambda_window", window)):
+        require(value is None or attention == "lambda", f"eval.{key}", value,
+                "null unless eval.attention=lambda")
+    require(sinks is None or sinks >= 0, "eval.lambda_sinks", sinks,
+            "an integer >= 0 (0: the window alone), or null (4)")
+    if window is not None:
+        require_positive("eval.lambda_window", window)
+    # a `layers` pattern's own spans, else the model's
+    spans = list(cfg.encoding.get("attention") or []) or [cfg.model.get("attention", "global")]
+    require(attention != "lambda" or "global" in spans, "eval.attention", attention,
+            f"'global' for a model whose layers attend {'/'.join(dict.fromkeys(spans))} only: "
+            "the lambda mask replaces a global layer's")
 
 
 def _check_temperature(cfg) -> None:
@@ -452,6 +477,7 @@ def check(cfg: DictConfig) -> None:
     positions = cfg.eval.get("randomized_positions", EvalConfig.randomized_positions)
     require(positions in RANDOMIZED_POSITIONS, "eval.randomized_positions", positions,
              f"one of {RANDOMIZED_POSITIONS}")
+    _check_eval_attention(cfg)
     _check_temperature(cfg)
     _check_switch(cfg)
     _check_budget(cfg.train)

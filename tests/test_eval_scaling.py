@@ -15,7 +15,8 @@ from posbench.attention.paths import CausalSelfAttention
 from posbench.encodings import Dims
 from posbench.encodings.nope import NoPE
 from posbench.encodings.p_rope import PRoPE
-from posbench.encodings.rope import RoPE, apply_rotary, rope_inv_freq, rope_tables
+from posbench.encodings.rope import (RoPE, apply_rotary, llama3_inv_freq, rope_inv_freq,
+                                     rope_tables)
 from posbench.encodings.xpos import XPos
 from posbench.evaluations.perplexity import evaluate
 from posbench.attention.temperature import temperature_factor
@@ -23,7 +24,7 @@ from helpers import posbench_cli
 
 F64 = torch.float64
 D, L, BASE = 64, 512, 1e4
-SCALINGS = ("pi", "ntk", "dynamic_ntk", "yarn")
+SCALINGS = ("pi", "ntk", "dynamic_ntk", "yarn", "llama3")
 
 
 def rope(scaling="none", factor=None, cls=RoPE, head_dim=D, train_len=L, base=BASE, **options):
@@ -72,13 +73,13 @@ def scores(enc, q, k, pos):
 
 # --- the scale s: static or dynamic --------------------------------------------------------------
 def test_dynamic_scale_is_n_over_l_past_l_and_1_up_to_it():
-    for scaling in ("pi", "ntk", "yarn"):
+    for scaling in ("pi", "ntk", "yarn", "llama3"):
         enc = rope(scaling)
         assert [enc.scale(n) for n in (1, L // 2, L, L + 1, 4 * L)] == [1, 1, 1, (L + 1) / L, 4]
 
 
 def test_static_scale_is_the_factor_at_every_length():
-    for scaling in ("pi", "ntk", "yarn"):
+    for scaling in ("pi", "ntk", "yarn", "llama3"):
         enc = rope(scaling, factor=4.0)
         assert [enc.scale(n) for n in (1, L, 2 * L, 16 * L)] == [4.0] * 4
 
@@ -92,13 +93,13 @@ def test_static_factor_changes_rope_at_and_below_the_training_length_dynamic_doe
             dynamic = rope(scaling).rotate(x[:, :, :n], x[:, :, :n], pos[:, :n], 0)[0]
             assert torch.equal(dynamic, plain[:, :, :n]), (scaling, n)
         assert not torch.equal(rope(scaling).frequencies(L + 1)[0], theta()), scaling
-    for scaling in ("pi", "ntk", "yarn"):
+    for scaling in ("pi", "ntk", "yarn", "llama3"):
         static = rope(scaling, factor=2.0).rotate(x, x, pos, 0)[0]
         assert not torch.allclose(static[:, :, 1:], plain[:, :, 1:], atol=1e-3), scaling
 
 
 def test_static_and_dynamic_agree_only_where_s_agrees():
-    for scaling in ("pi", "ntk", "yarn"):
+    for scaling in ("pi", "ntk", "yarn", "llama3"):
         static, dynamic = rope(scaling, factor=4.0), rope(scaling)
         assert torch.equal(static.frequencies(4 * L)[0], dynamic.frequencies(4 * L)[0])
         assert static.frequencies(4 * L)[1] == dynamic.frequencies(4 * L)[1]
@@ -231,6 +232,64 @@ def test_yarn_multiplies_logits_by_the_square_of_0_1_ln_s_plus_1(factor):
     torch.testing.assert_close(scores(enc, q, k, pos), expected * unscaled, rtol=1e-10, atol=1e-10)
 
 
+# --- Llama 3.1 (HF's llama3) --------------------------------------------------------------------
+def reference_llama3(d, base, train_len, s, low=1.0, high=4.0):
+    """HF's _compute_llama3_parameters, one pair at a time in Python floats: by wavelength, below
+    train_len/high kept, above train_len/low divided by s, smoothed between (edges included)."""
+    inv_freq = []
+    for pair in range(d // 2):
+        theta_p = 1 / base ** (2 * pair / d)
+        wavelen = 2 * math.pi / theta_p
+        if wavelen < train_len / high:
+            inv_freq.append(theta_p)
+        elif wavelen > train_len / low:
+            inv_freq.append(theta_p / s)
+        else:
+            smooth = (train_len / wavelen - low) / (high - low)
+            inv_freq.append((1 - smooth) * theta_p / s + smooth * theta_p)
+    return torch.tensor(inv_freq, dtype=F64)
+
+
+@pytest.mark.parametrize("d, base, train_len, s", [
+    (64, 1e4, 512, 4.0),
+    (32, 1e4, 128, 4.0),   # posbench's default head
+    (32, 5e5, 128, 8.0),   # Llama 3's base
+    (128, 5e5, 8192, 8.0),  # Llama 3.1 8B itself
+])
+def test_llama3_equals_the_reference_formula(d, base, train_len, s):
+    want = reference_llama3(d, base, train_len, s)
+    for enc, n in ((rope("llama3", s, head_dim=d, train_len=train_len, base=base), train_len),
+                   (rope("llama3", head_dim=d, train_len=train_len, base=base), int(s * train_len))):
+        inv_freq, factor = enc.frequencies(n)
+        torch.testing.assert_close(inv_freq, want, rtol=1e-13, atol=0)
+        assert factor == 1.0
+    # the test's cases reach all three bands
+    wavelen = 2 * math.pi / theta(base, d)
+    assert (wavelen < train_len / 4).any() and (wavelen > train_len).any()
+    assert ((wavelen >= train_len / 4) & (wavelen <= train_len)).any()
+
+
+def test_llama3_keeps_fast_pairs_divides_slow_ones_and_is_rope_at_s_1():
+    inv_freq, _ = rope("llama3").frequencies(4 * L)
+    wavelen = 2 * math.pi / theta()
+    fast, slow = wavelen < L / 4, wavelen > L
+    assert torch.equal(inv_freq[fast], theta()[fast])
+    torch.testing.assert_close(inv_freq[slow], rope("pi").frequencies(4 * L)[0][slow],
+                               rtol=1e-15, atol=0)
+    band = ~fast & ~slow
+    assert ((inv_freq[band] <= theta()[band]) & (inv_freq[band] >= theta()[band] / 4)).all()
+    assert torch.equal(llama3_inv_freq(theta(), 1.0, L), theta())
+    assert torch.equal(rope("llama3").frequencies(L)[0], theta())  # dynamic: s = 1 up to L
+
+
+def test_llama3_leaves_pairs_that_do_not_rotate_at_zero():
+    inv_freq, _ = rope("llama3", 4.0, cls=PRoPE).frequencies(L)
+    base = rope(cls=PRoPE).inv_freq
+    assert (inv_freq[base == 0] == 0).all()
+    torch.testing.assert_close(inv_freq[base > 0], reference_llama3(D, BASE, L, 4.0)[base > 0],
+                               rtol=1e-13, atol=0)
+
+
 def test_rotary_subclasses_scale_their_rotation():
     n = 2 * L
     inv_freq, _ = rope("pi", cls=PRoPE).frequencies(n)
@@ -291,13 +350,14 @@ def test_rope_scaling_on_a_non_rotary_encoding_fails_at_compose_in_one_line(enco
 def test_unknown_rope_scaling_lists_the_accepted_values():
     with pytest.raises(posbench.ConfigError, match=r"^eval.rope_scaling='linear' is not accepted; "
                                                   r"expected one of: none, pi, ntk, dynamic_ntk, "
-                                                  r"yarn, rerope, self_extend, shifted_rope$"):
+                                                  r"yarn, llama3, rerope, self_extend, "
+                                                  r"shifted_rope$"):
         posbench.compose(["eval.rope_scaling=linear"])
 
 
 def test_rotary_encodings_accept_every_scaling_and_any_encoding_accepts_logn():
     for encoding in ("rope", "p_rope", "xpos", "randomized"):
-        for scaling in ("pi", "ntk", "dynamic_ntk", "yarn"):
+        for scaling in ("pi", "ntk", "dynamic_ntk", "yarn", "llama3"):
             posbench.compose([f"encoding={encoding}", f"eval.rope_scaling={scaling}"])
     posbench.compose(["encoding=alibi", "eval.temperature=logn"])
     with pytest.raises(posbench.ConfigError, match=r"^eval.rope_scaling='pi' is not accepted; "

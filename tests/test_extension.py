@@ -16,7 +16,7 @@ from posbench import evaluations
 from posbench.cli import main
 from posbench.data import prepare
 from posbench.encodings import Dims
-from posbench.encodings.rope import RoPE, yarn_inv_freq
+from posbench.encodings.rope import RoPE, llama3_inv_freq, yarn_inv_freq
 from posbench.core.errors import ConfigError
 from posbench.runs.extend import extension_config, pose_positions
 from helpers import posbench_cli, results, run_in_process
@@ -110,6 +110,19 @@ def test_yarn_and_the_dynamic_scale_count_from_the_original_length():
     assert not torch.allclose(inv_freq, yarn_inv_freq(enc.inv_freq, 4.0, 32, 1e4, 128))
     enc.set_eval_options("pi")
     assert enc.scale(128) == 4.0 and enc.scale(32) == 1.0
+
+
+def test_llama3_trains_and_extends_counting_from_the_original_length():
+    trained = OmegaConf.to_container(posbench.compose(TOY), resolve=True)
+    cfg = posbench.compose([*TOY, "train.rope_scaling=llama3"])
+    ext = extension_config(cfg, "/runs/parent", trained, ["train.rope_scaling"])
+    assert (ext.train.rope_scaling, ext.train.rope_scaling_factor) == ("llama3", 4.0)
+    assert (ext.eval.rope_scaling, ext.eval.rope_scaling_factor) == ("llama3", 4.0)
+    enc = RoPE(RoPE.Config(name="rope"), Dims(1, 2, 64, 128, 512, original_len=32))
+    enc.set_eval_options("llama3", rope_scaling_factor=4.0)
+    inv_freq, _ = enc.frequencies(128)
+    torch.testing.assert_close(inv_freq, llama3_inv_freq(enc.inv_freq, 4.0, 32))
+    assert not torch.allclose(inv_freq, llama3_inv_freq(enc.inv_freq, 4.0, 128))
 
 
 def test_an_extension_starts_at_its_parent_and_records_its_lineage(parent, sweep):

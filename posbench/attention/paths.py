@@ -22,7 +22,8 @@
   remaps of RoPE)                  two products, near and far (remapped_attention)
 Each layer's span (posbench/attention/span.py) masks the keys outside it with the causal mask:
 FlexAttention's block mask on CUDA (also without a score_mod), and on CPU blocks that take only the
-keys in reach, so memory is bounded by the span's width.
+keys in reach, so memory is bounded by the span's width (a lambda span's sinks lie at the start:
+its blocks take the keys from there, as a global span's do).
 
 Two options of every layer act on every path (model.attn_gate, model.attn_sinks):
 - a learned sink logit s_h per head joins each row's softmax denominator and adds no value:
@@ -40,6 +41,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -81,7 +83,7 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.n_head = n_head
         self.layer = layer
-        self.span = options.span
+        self.span = self.trained_span = options.span
         self.temperature = Temperature(options.temperature, n_head, options.span)
         # DroPE's QK-norm: over all heads at once, before the head split and any encoding
         self.q_norm = nn.RMSNorm(d_model, eps=QK_NORM_EPS) if options.qk_norm else None
@@ -106,6 +108,13 @@ class CausalSelfAttention(nn.Module):
         if self.gate is not None:  # (B, T, H or C) -> (B, H, T, 1 or d), each head's own
             y = y * torch.sigmoid(self.gate(x)).view(B, T, self.n_head, -1).transpose(1, 2)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+    def set_eval_span(self, span: Optional[Span]) -> None:
+        """eval.attention's span (posbench/attention/span.py: lambda_span) in place of a global
+        layer's causal one, also for the keys its temperature counts; None, or a local layer:
+        the span it was trained with."""
+        self.span = span if span is not None and self.trained_span.is_global else self.trained_span
+        self.temperature.span = self.span
 
     def heads(self, x: torch.Tensor, pos: torch.Tensor, encoding):
         """q, k, v (B, H, T, d) as the attention sees them: rotated, and q scaled by the layer's
@@ -223,7 +232,7 @@ def by_row_blocks(q, k, v, block, span: Span = GLOBAL):
     from the first one its first query sees (block(..., key_start=that index)), so memory is
     bounded by the span's width, not by T."""
     B, H, T, _ = q.shape
-    if span.is_global:
+    if not span.bounded:  # global, or lambda: its sinks lie at the start
         rows = max(16, min(T, BLOCK_ELEMENTS // max(1, B * H * T)))
     else:  # a block of r rows sees at most r + w - 1 keys
         rows = max(16, min(T, span.width, BLOCK_ELEMENTS // max(1, 2 * B * H * span.width)))

@@ -4,7 +4,10 @@
 - global: the causal prefix, j <= i;
 - sliding: the w most recent keys, i - w < j <= i (Mistral's and Cohere's sliding window);
 - chunked: the keys of the query's own chunk of w tokens, j // w == i // w and j <= i (Llama 4's
-  chunked attention).
+  chunked attention);
+- lambda, at evaluation only (eval.attention): the first n keys and the w most recent,
+  (j < n or i - j < w) and j <= i, StreamingLLM's attention sinks and window and LM-Infinite's
+  Lambda-shaped mask, in place of a global layer's causal prefix (lambda_span).
 
 i and j are sequence indices, never position ids, as for the causal mask: a span is the same for
 every encoding and every position offset.
@@ -21,6 +24,11 @@ ATTENTIONS = ("global", "sliding", "chunked")
 # layers are trained at their span (four spans per training window) and see no distance past it
 # at any evaluated length (docs/design.md#the-encoding-contract says why)
 DEFAULT_WIDTH_FRACTION = 4
+# eval.attention: each global layer's span at evaluation
+EVAL_ATTENTIONS = ("global", "lambda")
+# eval.lambda_sinks=null: StreamingLLM's 4 initial tokens (run_streaming_llama.py's start_size;
+# LM-Infinite's global branch is 10 to 100 tokens, "generally similar effect" in its README)
+LAMBDA_SINKS = 4
 
 
 def default_width(train_len: int) -> int:
@@ -30,7 +38,13 @@ def default_width(train_len: int) -> int:
 @dataclass(frozen=True)
 class Span:
     kind: str = "global"
-    width: Optional[int] = None  # w, for sliding and chunked
+    width: Optional[int] = None  # w, for sliding, chunked and lambda
+    sinks: int = 0  # lambda's first keys, which every query sees
+
+    @property
+    def bounded(self) -> bool:
+        """Whether each query's keys lie within the last w indices (sliding, chunked)."""
+        return self.kind in ("sliding", "chunked")
 
     @property
     def is_global(self) -> bool:
@@ -44,6 +58,8 @@ class Span:
             return causal & (q_idx - kv_idx < self.width)
         if self.kind == "chunked":
             return causal & (q_idx // self.width == kv_idx // self.width)
+        if self.kind == "lambda":
+            return causal & ((q_idx - kv_idx < self.width) | (kv_idx < self.sinks))
         return causal
 
     def hidden(self, q_idx, kv_idx):
@@ -65,6 +81,8 @@ class Span:
             return (i + 1).clamp(max=self.width)
         if self.kind == "chunked":
             return i % self.width + 1
+        if self.kind == "lambda":  # the window, and the sinks that lie before it
+            return (i + 1).clamp(max=self.width) + (i + 1 - self.width).clamp(0, self.sinks)
         return i + 1
 
     def mask_mod(self):
@@ -73,3 +91,14 @@ class Span:
 
 
 GLOBAL = Span()
+
+
+def lambda_span(train_len: int, sinks: Optional[int] = None,
+                window: Optional[int] = None) -> Span:
+    """eval.attention=lambda at training length L: the first `sinks` keys (null: LAMBDA_SINKS)
+    and the `window` most recent (null: L - sinks, so that no query sees more than L keys, as
+    StreamingLLM's cache is at most the training length). No sinks: the sliding window alone,
+    StreamingLLM's window-attention baseline."""
+    sinks = LAMBDA_SINKS if sinks is None else sinks
+    window = window or max(1, train_len - sinks)
+    return Span("lambda", window, sinks) if sinks else Span("sliding", window)

@@ -10,7 +10,8 @@ turns at θ·w_k, w_k = (1 + cos(π k/(N-1)))/2: the first clipped pair keeps w 
 torch.linspace(0, π, N) gives the angles πk/(N-1) and, for N = 1, the single angle 0 (w = 1:
 RoPE). The weights multiply the frequencies, so they commute with every eval-time scaling, each
 of which scales or recomputes the frequencies pair by pair (the reference re-applies them to the
-dynamic NTK frequencies, as inv_freq_for does here).
+dynamic NTK frequencies, as inv_freq_for does here), but llama3, which picks each pair's band by
+the wavelength it turns with: the clipped one.
 """
 import math
 from dataclasses import dataclass

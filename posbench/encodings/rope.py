@@ -1,10 +1,10 @@
 """Rotary position embedding (RoPE), half-split layout as in GPT-NeoX / HF, and the eval-time
 length extensions of a trained RoPE model (docs/encodings.md#eval-time-options):
 
-- of its frequencies (PI, NTK, HF's dynamic NTK, YaRN): each a function of one scale s
-  (RoPE.scale), static when eval.rope_scaling_factor is set, the same s at every evaluated length
-  as the PI, NTK and YaRN papers evaluate; dynamic when it is null, s = max(1, n/L) from each
-  evaluated length n and the training length L;
+- of its frequencies (PI, NTK, HF's dynamic NTK, YaRN, HF's llama3): each a function of one
+  scale s (RoPE.scale), static when eval.rope_scaling_factor is set, the same s at every
+  evaluated length as the PI, NTK and YaRN papers evaluate; dynamic when it is null,
+  s = max(1, n/L) from each evaluated length n and the training length L;
 - of its relative distances (ReRoPE, Self-Extend, ShifTed RoPE; REMAPS): keys near the query
   keep RoPE's logit, the others get the logit of a remapped distance. The attention takes both
   logits from the `remap` hook (posbench/attention/paths.py: remapped_attention), which replaces
@@ -22,6 +22,9 @@ from posbench.encodings.base import EncodingConfig, PositionalEncoding, register
 # YaRN's bounds in turns per training window, beta_fast and beta_slow of its released code: pairs
 # that turn more than 32 times in L tokens keep RoPE, pairs that turn less than once are scaled
 YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0
+# Llama 3.1's bands, low_freq_factor and high_freq_factor of Hugging Face's `llama3` rope type:
+# wavelengths below L/4 keep RoPE, those above L are divided by s
+LLAMA3_LOW_FREQ_FACTOR, LLAMA3_HIGH_FREQ_FACTOR = 1.0, 4.0
 
 
 def rope_inv_freq(head_dim: int, base: float, device=None) -> torch.Tensor:
@@ -80,6 +83,17 @@ def yarn_attention_factor(s: float) -> float:
     """YaRN's attention factor sqrt(1/t) = 0.1 ln s + 1, multiplied into cos and sin and so into
     both q and k: the logits scale by its square."""
     return 0.1 * math.log(s) + 1
+
+
+def llama3_inv_freq(inv_freq: torch.Tensor, s: float, train_len: int,
+                    low: float = LLAMA3_LOW_FREQ_FACTOR,
+                    high: float = LLAMA3_HIGH_FREQ_FACTOR) -> torch.Tensor:
+    """Llama 3.1's frequencies (HF's `llama3`, _compute_llama3_parameters), by each pair's
+    wavelength lambda = 2 pi / theta: lambda < L/high keeps theta, lambda > L/low takes theta/s,
+    and between them (1 - t) theta/s + t theta with t = (L/lambda - low)/(high - low), which is
+    1 and 0 at the two edges. A pair at theta = 0 (an infinite wavelength) stays 0."""
+    t = ((train_len * inv_freq / (2 * math.pi) - low) / (high - low)).clamp(0, 1)
+    return (1 - t) * inv_freq / s + t * inv_freq
 
 
 # eval.rope_scaling values that remap relative distances instead of scaling frequencies
@@ -248,6 +262,8 @@ class RoPE(PositionalEncoding):
         if self.rope_scaling == "yarn":
             return (yarn_inv_freq(self.inv_freq, s, self.dims.head_dim, self.cfg.base,
                                   self.dims.scaling_len), yarn_attention_factor(s))
+        if self.rope_scaling == "llama3":
+            return llama3_inv_freq(self.inv_freq, s, self.dims.scaling_len), 1.0
         raise ValueError(f"rope_scaling={self.rope_scaling!r} is not implemented")
 
     def rotate(self, q, k, pos, layer):

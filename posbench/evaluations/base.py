@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from posbench.attention.span import lambda_span
 from posbench.core.device import autocast
 from posbench.encodings.base import EVAL_OPTIONS
 from posbench.core.errors import ConfigError
@@ -45,9 +46,9 @@ class EvalConfig:
     stride: Optional[int] = None
     batch_tokens: int = 16384
     # options applied at evaluation only, without retraining (docs/encodings.md, "Eval-time
-    # options"). rope_scaling (rotary encodings): none, pi, ntk, yarn, or dynamic_ntk (HF's);
-    # or a remap of relative distances (RoPE-rotated encodings): rerope, self_extend,
-    # shifted_rope.
+    # options"). rope_scaling (rotary encodings): none, pi, ntk, yarn, llama3 (HF's), or
+    # dynamic_ntk (HF's); or a remap of relative distances (RoPE-rotated encodings): rerope,
+    # self_extend, shifted_rope.
     # rope_scaling_factor: null is dynamic, s = max(1, n/L) recomputed for each evaluated length
     # n (L = train.seq_len); a number > 1 is a static s, as the papers evaluate: the same
     # frequencies at every length, also at n <= L. For dynamic_ntk it is HF's `factor` alpha
@@ -69,6 +70,14 @@ class EvalConfig:
     # sorted positions below encoding.max_len as in training, as its reference does, each window
     # from its own fixed seed; `plain` feeds 0..n-1 (posbench/encodings/randomized.py)
     randomized_positions: str = "random"
+    # the mask of every global layer (a local one keeps its span): global, or lambda, each query
+    # seeing the first lambda_sinks keys (null: 4) and the lambda_window most recent (null:
+    # L - lambda_sinks), StreamingLLM's sinks and window, LM-Infinite's Lambda-shaped mask
+    # (posbench/attention/span.py); positions stay those of the sequence (LM-Infinite's distance
+    # cap on RoPE: eval.rope_scaling=rerope with eval.rope_window=L)
+    attention: str = "global"
+    lambda_sinks: Optional[int] = None
+    lambda_window: Optional[int] = None
     # effective context by perplexity: the largest length up to which ppl stays within
     # (1 + ppl_tolerance) of its value at the training length
     ppl_tolerance: float = 0.1
@@ -229,9 +238,14 @@ def with_train_length(eval_cfg, train_len: int):
 
 
 def set_eval_options(model, eval_cfg) -> None:
-    """The encoding's eval-time options from the eval node (defaults for the keys it lacks)."""
+    """The encoding's eval-time options and the layers' eval.attention from the eval node
+    (defaults for the keys it lacks)."""
     typed = eval_config(eval_cfg)
     model.encoding.set_eval_options(*(typed[key] for key in EVAL_OPTIONS))
+    span = (lambda_span(model.encoding.dims.train_len, typed.lambda_sinks, typed.lambda_window)
+            if typed.attention == "lambda" else None)
+    for block in model.blocks:
+        block.attn.set_eval_span(span)
 
 
 def is_oom(err: BaseException) -> bool:

@@ -9,9 +9,9 @@ the parent's config and the command's overrides into it:
   optimizer, schedule and step start afresh;
 - train.seq_len: the longer length (default SCALE x the parent's), or with train.pose_span the
   parent's length, whose window positions skip to span the longer one (PoSE, pose_positions);
-- train.rope_scaling (none, pi, ntk, yarn) trains with the static factor s = the longer length /
-  train.original_len (the length of the first run of the lineage, which the scalings count
-  from), and eval.rope_scaling evaluates with the same, unless the command sets them;
+- train.rope_scaling (none, pi, ntk, yarn, llama3) trains with the static factor s = the longer
+  length / train.original_len (the length of the first run of the lineage, which the scalings
+  count from), and eval.rope_scaling evaluates with the same, unless the command sets them;
 - train.steps, train.lr, train.warmup_steps, train.eval_every, train.ckpt_every, eval.lengths:
   the defaults below, unless the command sets them.
 Every train.eval_every steps, and before the first, StepCurve scores perplexity at eval.lengths

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from posbench.attention.span import lambda_span
 from posbench.config import EvalConfig, to_container
 from posbench.encodings.rope import remap_record
 from posbench.core.io import write_json, write_text
@@ -42,6 +43,8 @@ def results_record(cfg, model, data, curve: List[dict], train: dict,
                  "rope_scaling_factor": cfg.eval.rope_scaling_factor,
                  # rerope, self_extend, shifted_rope: their values at this L
                  "rope_remap": remap_record(cfg.eval, cfg.train.seq_len),
+                 # eval.attention=lambda: its sinks and window at this L; null: the model's masks
+                 "attention": attention_record(cfg.eval, cfg.train.seq_len),
                  "temperature": cfg.eval.get("temperature"),
                  "randomized_positions": cfg.eval.randomized_positions,
                  # the reference of parity between runs (posbench/core/parity.py)
@@ -160,6 +163,14 @@ def load_results(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 
 
+def attention_record(eval_cfg, train_len: int) -> Optional[dict]:
+    """eval.attention=lambda's values in effect, defaults filled in; None without it."""
+    if eval_cfg.get("attention", "global") != "lambda":
+        return None
+    span = lambda_span(train_len, eval_cfg.get("lambda_sinks"), eval_cfg.get("lambda_window"))
+    return {"kind": "lambda", "sinks": span.sinks, "window": span.width}
+
+
 def eval_options(record: dict) -> str:
     """The protocol and eval-time options a record was scored with, in one line."""
     e = record["eval"]
@@ -177,6 +188,8 @@ def eval_options(record: dict) -> str:
                        + (f"(static factor {factor:g})" if factor else "(dynamic)"))
     if e.get("temperature"):
         options.append(f"temperature {e['temperature']}")
+    if e.get("attention"):
+        options.append("attention lambda (sinks {sinks}, window {window})".format(**e["attention"]))
     if record["encoding"] == "randomized":
         options.append(f"randomized_positions {e.get('randomized_positions')}")
     return ", ".join(options)
