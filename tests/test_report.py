@@ -160,7 +160,7 @@ def test_a_repeated_seed_is_counted_once_and_throughput_is_reported(tmp_path):
     assert rows[("rope", 32)]["tokens_per_second"] == "1000"
     assert rows[("rope", 32)]["wall_seconds"] == "100"
     summary = (tmp_path / "summary.md").read_text()
-    assert "±" not in summary and "| rope | 1000 | 1:40 |" in summary
+    assert "±" not in summary and "| rope | tokens | 1000 | 1:40 |" in summary
     assert (f"- {tmp_path}/1_rope_again/results.json repeats {tmp_path}/0_rope/results.json "
             "(same config and seed 0): counted once") in summary
 
@@ -262,3 +262,17 @@ def test_a_folder_of_several_protocols_says_so_and_reports_one_on_request(
     assert summary.startswith("# posbench report: 1 runs (eval.protocol=sliding only; 2 results "
                               "of other protocols left out)")
     assert "2 protocols" not in summary
+
+
+def test_each_groups_budget_is_named_and_a_mixed_folder_says_so(tmp_path):
+    tokens = run_record("rope", 0, {32: 8.0, 64: 16.0}, train={"seq_len": 32, "budget": "tokens"})
+    tokens["train"].update(steps=2000, budget="tokens")
+    flops = run_record("path", 0, {32: 8.0, 64: 16.0}, train={"seq_len": 32, "budget": "flops"})
+    flops["train"].update(budget="flops", budget_flops=2.2e13, steps_run=1380)
+    write(tmp_path, "rope", tokens)
+    write(tmp_path, "path", flops)
+    write_report(tmp_path)
+    summary = (tmp_path / "summary.md").read_text()
+    assert "These runs trained under 2 budgets (flops, tokens; train.budget)" in summary
+    assert "| rope [budget=tokens] | tokens: 2000 steps |" in summary
+    assert "| path [budget=flops] | flops: 2.2e+13 (1380 steps) |" in summary

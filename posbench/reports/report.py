@@ -277,7 +277,7 @@ def budget(record: dict) -> str:
         return f"flops: {t['budget_flops']:.3g} ({t['steps_run']} steps)"
     if kind == "wallclock":
         return f"wallclock: {t['budget_seconds']:g} s on {t['device']} ({t['steps_reached']} steps)"
-    return f"tokens: {t['steps']} steps"
+    return "tokens" + (f": {t['steps']} steps" if "steps" in t else "")
 
 
 def protocol(record: dict) -> str:
@@ -365,7 +365,7 @@ def write_report(root: Path, only: Optional[str] = None) -> Dict[str, dict]:
                   + "), whose perplexities are not comparable with each other: the gap at train "
                   f"length compares groups of one protocol; `posbench report {root} --protocol "
                   "NAME` reports one alone.", ""]
-    kinds = sorted({budget(r).split(":")[0] for r in ok if r["_file"] == RESULTS})
+    kinds = sorted({r["train"].get("budget", "tokens") for r in ok if r["_file"] == RESULTS})
     if len(kinds) > 1:
         lines += [f"These runs trained under {len(kinds)} budgets ({', '.join(kinds)}; "
                   "train.budget): groups of different budgets did not spend alike, each "
