@@ -123,9 +123,10 @@ def _dry_run_job(cfg: DictConfig, name: str) -> None:
     import torch
 
     from posbench.core.device import job_threads, resolve_device, usable_cores
+    from posbench.runs.budget import plan
     from posbench.runs.estimate import available_memory, describe, estimate, refusal, wall_time
 
-    est = estimate(cfg, distributed.world_size())
+    est = estimate(cfg, distributed.world_size(), plan(cfg).steps)
     try:
         device = resolve_device(cfg.device)
     except ConfigError:  # a GPU job planned on a machine without one: its estimate still holds
@@ -198,9 +199,10 @@ def fit(cfg: DictConfig):
     """The job's estimate, the memory it may use and where that number comes from, and why its
     training cannot fit there (None when it can)."""
     from posbench.core.device import resolve_device
+    from posbench.runs.budget import plan
     from posbench.runs.estimate import available_memory, estimate, refusal
 
-    est = estimate(cfg, distributed.world_size())
+    est = estimate(cfg, distributed.world_size(), plan(cfg).steps)
     room, source = available_memory(resolve_device(cfg.device))
     return est, room, source, refusal(cfg, est, room, source)
 

@@ -162,6 +162,7 @@ class Oracle(torch.nn.Module):
         self.targets = {row[:-1].tobytes(): (i, row[1:]) for i, row in enumerate(rows)}
         self.wrong, self.vocab = set(wrong), data.vocab_size
         self.encoding = type("NoEncoding", (), {"set_eval_options": lambda *a: None})()
+        self.blocks = torch.nn.ModuleList()  # no attention layer to set eval options on
 
     def forward(self, x):
         logits = torch.zeros(*x.shape, self.vocab)

@@ -102,10 +102,9 @@ def step_flops(cfg, model=None) -> float:
             + 3 * own)
 
 
-def estimate(cfg, world_size: int = 1) -> Estimate:
-    """The estimate of a checked config (no data read: the model is built on the meta device)."""
-    from posbench.runs.budget import plan
-
+def estimate(cfg, world_size: int = 1, steps: Optional[int] = None) -> Estimate:
+    """The estimate of a checked config (no data read: the model is built on the meta device),
+    over `steps` training steps (its budget's: posbench/runs/budget.py; None: train.steps)."""
     model = _meta_model(cfg)
     params = model.num_params()
     weights = _weights(model)
@@ -116,7 +115,7 @@ def estimate(cfg, world_size: int = 1) -> Estimate:
     eval_hooks = hooks or cfg.eval.rope_scaling in ROPE_REMAPS
     m, t = cfg.model, cfg.train
     vocab = model.head.weight.shape[0]
-    steps = plan(cfg).steps or t.steps
+    steps = steps or t.steps
     tokens = t.batch_size * t.seq_len * steps
     train_flops = steps * step_flops(cfg, model)
     eval_cfg = with_train_length(cfg.eval, t.seq_len)
