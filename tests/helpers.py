@@ -225,3 +225,17 @@ class Blind(torch.nn.Module):
 
     def hidden(self, x):
         return torch.linspace(0, 1, 256).expand(*x.shape, 256)
+
+
+def off_init(model):
+    """The model's learned position values moved off their init, so that a check sees them act:
+    the encoding's parameters (T5's bias and CoPE's table start at 0) by N(0, 0.3^2), and the
+    attention sinks (N(0, 0.02^2) at init) by a few logits."""
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.encoding.parameters():
+            p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.3)
+        for block in model.blocks:
+            if block.attn.sinks is not None:
+                block.attn.sinks.add_(torch.randn(block.attn.sinks.shape, generator=gen) * 2)
+    return model

@@ -21,7 +21,7 @@ import posbench.attention.paths as attention
 from posbench.attention.span import GLOBAL, Span
 from posbench.core.errors import ConfigError
 
-from helpers import run_in_process, results, tiny_model
+from helpers import off_init, run_in_process, results, tiny_model
 
 B, T = 2, 40
 KNOBS = {"gate+sinks": ("model.attn_gate=elementwise", "model.attn_sinks=true"),
@@ -31,17 +31,8 @@ ENCODINGS = ["nope", "rope", "alibi", "t5", "fox", "stick_breaking", "shaw"]
 
 
 def knob_model(name, *extra):
-    """tiny_model with its learned values moved off their init, in float64: sinks of a few
-    logits (N(0, 0.02^2) at init would barely show), T5's bias off 0."""
-    model = tiny_model("train.seq_len=32", "eval.lengths=[64]", *extra, name=name).double()
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.encoding.parameters():
-            p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.3)
-        for block in model.blocks:
-            if block.attn.sinks is not None:
-                block.attn.sinks.copy_(torch.randn(block.attn.sinks.shape, generator=gen) * 2)
-    return model
+    """tiny_model in float64 with its learned values moved off their init (off_init)."""
+    return off_init(tiny_model("train.seq_len=32", "eval.lengths=[64]", *extra, name=name).double())
 
 
 def oracle(attn, encoding, x, pos):

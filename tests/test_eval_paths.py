@@ -8,7 +8,7 @@ import torch
 
 import posbench
 
-from helpers import tiny_model
+from helpers import off_init, tiny_model
 
 TRAIN_LEN, LENGTH = 32, 96  # scored past the training length, where the lag tables reach
 # grape_a's gates take another bias_factors branch each; p_rope's and clipped_rope's variants
@@ -23,19 +23,6 @@ KNOBS = ["nope", "rope", "alibi", "t5", "fire", "transformer_xl", "decay", "fox"
          "stick_breaking", "shaw"]
 CASES += [(name, ("model.attn_gate=elementwise", "model.attn_sinks=true")) for name in KNOBS] + [
     (name, ("model.attn_gate=headwise",)) for name in KNOBS]
-
-
-def off_init(model):
-    """The encoding's parameters moved off their init: T5's bias and CoPE's table start at 0;
-    the sinks too, to a few logits."""
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.encoding.parameters():
-            p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.3)
-        for block in model.blocks:
-            if block.attn.sinks is not None:
-                block.attn.sinks.add_(torch.randn(block.attn.sinks.shape, generator=gen) * 2)
-    return model
 
 
 @pytest.mark.parametrize("name, extra", CASES, ids=[" ".join((n, *e)) for n, e in CASES])

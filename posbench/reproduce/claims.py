@@ -371,24 +371,32 @@ class AheadAt(Claim):
             band = self.tolerance + math.hypot(
                 m.spread.get(mine, {}).get(self.at, 0.0),
                 m.spread.get(task_group(task, best), {}).get(self.at, 0.0))
-            text = (f"{task}: {self.group} {row[self.at]:.3f} against {best} "
-                    f"{scores[best]:.3f} ({gap:+.3f}, band ±{band:.3f})")
-            if gap > band or (self.tie and gap >= -band):
-                ahead += 1
-                text += "" if gap > band else " tied"
-            elif gap < -band:
-                behind += 1
-                text += " behind beyond the band"
-            else:
-                open_ += 1
-                text += " a tie"
-            parts.append(text + notes)
-        detail = f"exact match at {x_text(self.at)}: " + "; ".join(parts)
-        if behind:
-            return NOT_REPRODUCED, detail
-        if open_ or not ahead:
-            return NOT_COMPARABLE, detail
-        return REPRODUCED, detail
+            outcome, said = against_band(gap, band, self.tie)
+            ahead, behind, open_ = (ahead + (outcome == "ahead"), behind + (outcome == "behind"),
+                                    open_ + (outcome == "tie"))
+            parts.append(f"{task}: {self.group} {row[self.at]:.3f} against {best} "
+                         f"{scores[best]:.3f} ({gap:+.3f}, band ±{band:.3f}){said}{notes}")
+        return tallied(ahead, behind, open_), (f"exact match at {x_text(self.at)}: "
+                                               + "; ".join(parts))
+
+
+def against_band(gap: float, band: float, tie: bool = False) -> Tuple[str, str]:
+    """A group's gap to its best rival against the band: ("ahead", "") beyond it above, or inside
+    it where a tie holds the claim (" tied"); ("behind", ...) beyond it below; else a tie that
+    leaves the claim open. The second item is what the claim's detail adds."""
+    if gap > band:
+        return "ahead", ""
+    if tie and gap >= -band:
+        return "ahead", " tied"
+    return ("behind", " behind beyond the band") if gap < -band else ("tie", " a tie")
+
+
+def tallied(ahead: int, behind: int, open_: int) -> str:
+    """A claim's verdict over its parts: any part behind beyond its band is not reproduced; any
+    part open (not measured, or a tie), or none ahead, leaves it not comparable."""
+    if behind:
+        return NOT_REPRODUCED
+    return NOT_COMPARABLE if open_ or not ahead else REPRODUCED
 
 
 def reciprocal_ranks(scores: Dict[str, float]) -> Dict[str, float]:

@@ -27,8 +27,8 @@ from typing import List, Optional, Tuple
 
 from posbench.reproduce.base import Reproduction, Sweep, register
 from posbench.reproduce.judge import task_tables
-from posbench.reproduce.claims import (NOT_COMPARABLE, NOT_REPRODUCED, REPRODUCED, AccuracyIn,
-                                       Claim, Measured, run_task_group, task_group)
+from posbench.reproduce.claims import (AccuracyIn, Claim, Measured, against_band,
+                                       run_task_group, tallied, task_group)
 
 ENCODINGS = ("learned", "shaw", "cope")  # the paper's rows: absolute PE, relative PE, CoPE
 ROWS = {"learned": "Absolute PE", "shaw": "Relative PE", "cope": "CoPE"}
@@ -83,23 +83,12 @@ class Ahead(Claim):
             best = max(rivals, key=lambda g: means[g][0])
             gap = means[group][0] - means[best][0]
             band = self.tolerance + math.hypot(means[group][1], means[best][1])
-            text = (f"{group} {means[group][0]:.3f} against {best} {means[best][0]:.3f} "
-                    f"({gap:+.3f}, band ±{band:.3f})")
-            if gap > band:
-                ahead += 1
-            elif gap < -band:
-                behind += 1
-                text += " behind beyond the band"
-            else:
-                open_ += 1
-                text += " a tie"
-            parts.append(text)
-        detail = "mean exact match up to L: " + "; ".join(parts)
-        if behind:
-            return NOT_REPRODUCED, detail
-        if open_ or not ahead:
-            return NOT_COMPARABLE, detail
-        return REPRODUCED, detail
+            outcome, said = against_band(gap, band)
+            ahead, behind, open_ = (ahead + (outcome == "ahead"), behind + (outcome == "behind"),
+                                    open_ + (outcome == "tie"))
+            parts.append(f"{group} {means[group][0]:.3f} against {best} {means[best][0]:.3f} "
+                         f"({gap:+.3f}, band ±{band:.3f}){said}")
+        return tallied(ahead, behind, open_), "mean exact match up to L: " + "; ".join(parts)
 
 
 def each(task: str, group: str, rivals: Tuple[str, ...]) -> Tuple[str, Tuple[str, ...]]:
