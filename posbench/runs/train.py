@@ -38,12 +38,16 @@ class Progress:
     last_loss: Optional[float] = None  # last finite per-step training loss
 
 
+def cosine_lr(progress: float, cfg) -> float:
+    """The decay after warmup: cosine from lr at progress 0 to min_lr_ratio * lr at 1."""
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
 def lr_at(step: int, cfg) -> float:
     """Linear warmup, then cosine decay to min_lr_ratio * lr."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
-    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+    return cosine_lr((step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps), cfg)
 
 
 def lr_at_fraction(fraction: float, cfg) -> float:
@@ -52,8 +56,7 @@ def lr_at_fraction(fraction: float, cfg) -> float:
     warmup = cfg.warmup_steps / cfg.steps
     if fraction < warmup:
         return cfg.lr * fraction / warmup
-    progress = (fraction - warmup) / max(1e-9, 1 - warmup)
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+    return cosine_lr((fraction - warmup) / max(1e-9, 1 - warmup), cfg)
 
 
 def make_optimizer(model, cfg, device):
