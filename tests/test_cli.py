@@ -44,8 +44,12 @@ def test_multirun_with_seeds_wandb_and_report(tmp_path, toy):
     sweep = tmp_path / "sweep"
     jobs = sorted(p.parent for p in sweep.rglob("results.json"))
     assert len(jobs) == 4
+    ids = []
     for job in jobs:
-        assert list((job / "wandb").glob("offline-run-*")), f"no offline wandb run in {job}"
+        runs = list((job / "wandb").glob("offline-run-*"))
+        assert [r.name.rsplit("-", 1)[1] for r in runs] == [(job / "wandb_run_id").read_text()]
+        ids.append((job / "wandb_run_id").read_text())
+    assert len(set(ids)) == 4  # every job its own wandb run
     summary = (sweep / "summary.md").read_text()
     assert "| nope |" in summary and "| alibi |" in summary and "±" in summary
     assert (sweep / "ppl_vs_length.png").stat().st_size > 0

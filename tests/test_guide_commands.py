@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from helpers import posbench_cli, run_in_process
+from posbench.runs import estimate
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ["README.md", "docs/guide.md"]
@@ -114,6 +115,8 @@ def test_the_command_runs(command, toy_sweep, tmp_path, monkeypatch, capsys):
     (tmp_path / "conf").symlink_to(ROOT / "conf")  # as run from the repo's root
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "offline")
+    # a dry run times one step of each model shape, not three (how it times: test_estimate.py)
+    monkeypatch.setattr(estimate, "MEASURED_STEPS", 1)
     proc = run_in_process(argv, monkeypatch, capsys)
     assert proc.returncode == 0, f"{command} ({how}): {proc.stderr[-3000:]}"
     if how == "dry run":
