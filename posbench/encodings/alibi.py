@@ -1,10 +1,11 @@
 """ALiBi: a per-head linear penalty on the query-key distance (Press et al. 2022)."""
 import math
 from dataclasses import dataclass
-from typing import List
+from typing import List, Optional
 
 import torch
 
+from posbench.core.errors import ConfigError
 from posbench.encodings.base import EncodingConfig, PositionalEncoding, relative_lag, register
 
 
@@ -32,11 +33,22 @@ class ALiBi(PositionalEncoding):
 
     @dataclass
     class Config(EncodingConfig):
-        pass
+        # how many heads get a bias, the first ones, with the slopes of that many heads; the
+        # others none (x-transformers' alibi_num_heads); null: every head, the paper's ALiBi
+        heads: Optional[int] = None
+
+    @classmethod
+    def check(cls, cfg, run_cfg):
+        n_head = run_cfg.model.n_head
+        if cfg.heads is not None and not 1 <= cfg.heads <= n_head:
+            raise ConfigError(f"encoding.heads={cfg.heads} is not accepted; expected 1 to "
+                              f"model.n_head={n_head} (the heads with a bias), or null (all)")
 
     def __init__(self, cfg, dims):
         super().__init__(cfg, dims)
-        self.register_buffer("slopes", torch.tensor(alibi_slopes(dims.n_head)), persistent=False)
+        biased = dims.n_head if cfg.heads is None else cfg.heads
+        slopes = alibi_slopes(biased) + [0.0] * (dims.n_head - biased)
+        self.register_buffer("slopes", torch.tensor(slopes), persistent=False)
 
     def score_mod(self, q, k, pos, layer):
         slopes, lag = self.slopes, relative_lag(pos)
