@@ -22,7 +22,7 @@ from posbench.data import check_dataset
 from posbench.data import registry as dataset_registry
 from posbench.core.errors import ConfigError, did_you_mean, require, require_positive
 from posbench.evaluations import EvalConfig
-from posbench.evaluations.ruler import PRESETS as RULER_TASKS
+from posbench.evaluations.ruler_tasks import PRESETS as RULER_TASKS
 
 
 @dataclass

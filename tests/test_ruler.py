@@ -1,7 +1,8 @@
-"""RULER's tasks (posbench/evaluations/ruler.py): each preset's instances parsed back from their
-bytes and checked against its definition (needles, distractors, counts, distinctness, depth, the
-answer and what is scored, the sequence without the answer's needles), GPT-2 BPE draws, seeding,
-the refusals, both scores against per-token losses computed here, and the CLI (train, re-score)."""
+"""RULER's tasks (posbench/evaluations/ruler_tasks.py builds them, ruler.py scores them): each
+preset's instances parsed back from their bytes and checked against its definition (needles,
+distractors, counts, distinctness, depth, the answer and what is scored, the sequence without the
+answer's needles), GPT-2 BPE draws, seeding, the refusals, both scores against per-token losses
+computed here, and the CLI (train, re-score)."""
 import copy
 import dataclasses
 import functools
@@ -18,8 +19,8 @@ import posbench
 from helpers import Blind, Copier, posbench_cli, results, run_in_process
 from posbench.data import prepare
 from posbench.data.tokenize import _byte_chars
-from posbench.evaluations.ruler import (PRESETS, Ruler, Task, Vocabulary, answer_scores,
-                                       instances)
+from posbench.evaluations.ruler import Ruler, answer_scores
+from posbench.evaluations.ruler_tasks import PRESETS, Task, Vocabulary, instances
 
 WORD, NUMBER, NAME = rb"[a-z]{3}", rb"[0-9]{4}", rb"[A-Z]{3}"
 UUID = rb"[0-9a-f]{4}-[0-9a-f]{4}"

@@ -11,7 +11,8 @@ import torch
 import posbench
 from posbench.evaluations import ruler
 from posbench.evaluations.retrieval import Passkeys, mixer
-from posbench.evaluations.ruler import PRESETS, RulerConfig, Task, Vocabulary, instances
+from posbench.evaluations.ruler import RulerConfig
+from posbench.evaluations.ruler_tasks import PRESETS, Task, Vocabulary, instances
 from helpers import run_in_process
 
 L = 128  # every task fits at byte level (eval.ruler's default counts)
