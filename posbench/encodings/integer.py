@@ -70,3 +70,9 @@ class Integer(PositionalEncoding):
         if layer > 0:
             return x
         return x + self.table(pos, x.shape[-1]).to(x.dtype)
+
+    def flops(self, batch, length, pairs):
+        # the signs 1 - 2 (c mod 2), the value times them and the sum with the input (2 per
+        # coordinate of a sequence), and a division per token when normalized
+        D = self.dims.d_model
+        return 2 * D + 2 * batch * length * D + (self.cfg.norm_by != "none") * batch * length
