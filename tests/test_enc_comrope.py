@@ -165,6 +165,8 @@ def test_one_generator_per_layer_and_head_and_every_entry_learns():
     (["encoding.block_size=32", "model.d_model=64", "model.n_head=4"],
      "model.d_model/model.n_head=16"),
     (["encoding.base=1"], "encoding.base=1.0"),
+    # a larger block's matrix exponential costs what the learned generator asks: no FLOP budget
+    (["encoding.block_size=4", "train.budget=flops"], "encoding.block_size=4"),
 ])
 def test_out_of_range_values_are_rejected_in_one_line(overrides, key):
     with pytest.raises(posbench.ConfigError) as err:

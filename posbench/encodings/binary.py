@@ -33,3 +33,8 @@ class Binary(PositionalEncoding):
         if layer > 0:
             return x
         return x + binary_table(pos, x.shape[-1], self.cfg.signed).to(x.dtype)
+
+    def flops(self, batch, length, pairs):
+        # the bits added to the input (shifts and masks are not arithmetic), mapped to 2b - 1
+        # first when signed
+        return (3 if self.cfg.signed else 1) * batch * length * self.dims.d_model

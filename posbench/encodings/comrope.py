@@ -66,6 +66,10 @@ class ComRoPE(PositionalEncoding):
         require(head_dim % cfg.block_size == 0, "model.d_model/model.n_head", head_dim,
                 f"a head dimension divisible by encoding.block_size={cfg.block_size}")
         require(cfg.base > 1, "encoding.base", cfg.base, "a number > 1")
+        require(cfg.block_size == 2 or run_cfg.train.get("budget", "tokens") != "flops",
+                "encoding.block_size", cfg.block_size,
+                "2 under train.budget=flops (a larger block's matrix exponential costs what its "
+                "learned generator's norm asks, which no count from the config can declare)")
 
     def __init__(self, cfg, dims):
         super().__init__(cfg, dims)
@@ -82,8 +86,14 @@ class ComRoPE(PositionalEncoding):
         """G(t) = exp((t/L) A) per block, (B, H, T, d/b, b, b), float64."""
         P = self.generator[layer].double()
         A = P - P.transpose(-2, -1)  # (H, m, b, b)
-        t = pos.double()[:, None, :, None, None, None] / self.dims.train_len
-        return torch.linalg.matrix_exp(t * A[None, :, None])
+        t = pos.double()[:, None, :, None] / self.dims.train_len  # (B, 1, T, 1)
+        if self.cfg.block_size == 2:
+            # a 2 x 2 skew block [[0, -w], [w, 0]] exponentiates to the rotation by w t: exact,
+            # and its cost does not depend on w, as matrix_exp's squarings do
+            angle = t * A[:, None, :, 1, 0]  # (B, H, T, m)
+            cos, sin = angle.cos(), angle.sin()
+            return torch.stack((cos, -sin, sin, cos), dim=-1).unflatten(-1, (2, 2))
+        return torch.linalg.matrix_exp(t[..., None, None] * A[None, :, None])
 
     def rotate(self, q, k, pos, layer):
         if pos.stride(0) == 0:  # one position row shared by the batch: compute it once
@@ -96,3 +106,14 @@ class ComRoPE(PositionalEncoding):
                 return from_blocks((G @ to_blocks(x.to(dtype), b).unsqueeze(-1)).squeeze(-1))
 
             return turn(q).to(q.dtype), turn(k).to(k.dtype)  # G orthogonal: G^{-T} = G
+
+    def flops(self, batch, length, pairs):
+        # per layer: A = P - P^T and t/L; the maps of the position row (b = 2: the angle, its cos
+        # and sin and -sin, 4 per block and head; larger blocks: tA, and matrix_exp's degree-18
+        # Taylor polynomial, 4 products of b x b, without the squarings that check refuses to
+        # budget); then G @ x for q and k (2 b^2 per block and token, b per model coordinate)
+        dims, b = self.dims, self.cfg.block_size
+        blocks = dims.n_head * (dims.head_dim // b)
+        maps = 4 * blocks * length if b == 2 else blocks * length * (b * b + 8 * b ** 3)
+        return dims.n_layer * (blocks * b * b + length + maps
+                               + 4 * batch * length * dims.d_model * b)

@@ -232,3 +232,15 @@ class GrapeA(PositionalEncoding):
             return score - slope * lag_of(b, q_idx, kv_idx)
 
         return grape_a
+
+    def flops(self, batch, length, pairs):
+        # per gate: its direction normalized, û·x/sqrt(d) (a d-long dot product per token and
+        # head) and its softplus; the rate ω_h m_h; the slope: the rate times the two gates'
+        # sum per score, or times one gate per token, or the rate alone; then per score the lag,
+        # the slope times it (per sequence, or per head without gates) and the subtraction
+        dims, H = self.dims, self.dims.n_head
+        gated = (self.query_gate is not None) + (self.key_gate is not None)
+        per_gate = H * dims.head_dim + 2 * batch * length * dims.d_model + 2 * batch * H * length
+        slope = {0: 0, 1: batch * H * length, 2: 2 * batch * H * pairs}[gated]
+        per_pair = 1 + (batch * H if gated else H) + batch * H
+        return dims.n_layer * (gated * per_gate + 2 * H + slope + pairs * per_pair)

@@ -272,6 +272,32 @@ class GroupPE(PositionalEncoding):
 
         return group
 
+    def flops(self, batch, length, pairs):
+        dims, cfg, H = self.dims, self.cfg, self.dims.n_head
+        n, k = self.theta.shape[-1], cfg.block_size
+        per_layer = 0
+        if self.rotate is not None:
+            # θ and ε (per head when learned: exp and product), the keys' -t twice, and for q and
+            # k each: the angles and their cos and sin (3 per chain and position, per head when
+            # learned), s = εt, each shear order's s^r / r! for both halves and its multiply-add
+            # on every moved pair, and RoPE's turn (7 per moved pair and token)
+            h_theta = H if cfg.learn_frequencies else 1
+            h_eps = H if cfg.learn_shear else 1
+            moved = batch * H * length * n * k  # pairs of each half moved, per tensor
+            one_side = (3 * h_theta * length * n + h_eps * length * n
+                        + 4 * (k - 1) * (h_eps * length * n + moved) + 7 * moved)
+            per_layer += 2 * length + 2 * H * n * (h_theta > 1) + 2 * H * n * (h_eps > 1)
+            per_layer += 2 * one_side
+        if self.score_mod is not None:
+            per_layer += pairs  # the lag
+            if self.decay_shift is not None:  # a = -softplus(α0 + δ)
+                per_layer += 3 * H
+            if cfg.decay != "none":  # e^{a lag} per head, times each score
+                per_layer += pairs * (2 * H + batch * H)
+            if cfg.alibi:  # Horner's multiply-add per order past the constant, then the add
+                per_layer += pairs * (2 * H * (self.alibi_coefficients.shape[-1] - 1) + batch * H)
+        return dims.n_layer * per_layer
+
     def notes(self):
         if self.cfg.decay == "none":
             return []

@@ -57,6 +57,10 @@ class Learned(PositionalEncoding):
                                  f"({table.shape[0]} rows); raise encoding.max_len")
         return x + table[pos].to(x.dtype)
 
+    def flops(self, batch, length, pairs):
+        # the looked-up rows added to the residual stream, at every layer with a table
+        return len(self.tables) * batch * length * self.dims.d_model
+
     def notes(self):
         if self.cfg.clamp:
             return [f"positions >= {self.dims.train_len} read the last trained row (clamp)"]

@@ -68,3 +68,12 @@ class PoPE(PositionalEncoding):
         q_polar = torch.cat((q_mag * angle.cos().to(dtype), q_mag * angle.sin().to(dtype)), -1)
         k_polar = torch.cat((k_mag * shifted.cos().to(dtype), k_mag * shifted.sin().to(dtype)), -1)
         return q_polar.to(q.dtype), k_polar.to(k.dtype)
+
+    def flops(self, batch, length, pairs):
+        # per layer: the position row's angles and their cos and sin (3 per head coordinate); the
+        # keys' angles shifted by each head's phase and their cos and sin (3 per model
+        # coordinate); softplus magnitudes (q's times sqrt(2)) and their products with cos and
+        # sin (7 per model coordinate of a sequence)
+        dims = self.dims
+        return dims.n_layer * length * (7 * batch * dims.d_model + 3 * dims.head_dim
+                                        + 3 * dims.d_model)

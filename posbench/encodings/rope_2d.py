@@ -14,12 +14,11 @@ from posbench.encodings.base import EncodingConfig, PositionalEncoding, register
 from posbench.encodings.rope import apply_rotary, rope_inv_freq, rope_tables
 
 
-def axial_rotate(x: torch.Tensor, px: torch.Tensor, py: torch.Tensor, inv_freq: torch.Tensor):
-    """1-D RoPE of the first half of x at px and of the second half at py; x (B, H, T, d), px and
-    py (B, T), inv_freq the d/4 frequencies of a d/2-dimensional RoPE."""
+def axial_rotate(x: torch.Tensor, x_tables, y_tables):
+    """1-D RoPE of the first half of x by x_tables and of the second half by y_tables, each the
+    (cos, sin) of rope_tables for a d/2-dimensional RoPE; x (B, H, T, d)."""
     half_x, half_y = x.chunk(2, dim=-1)
-    return torch.cat((apply_rotary(half_x, *rope_tables(px, inv_freq, x.dtype)),
-                      apply_rotary(half_y, *rope_tables(py, inv_freq, x.dtype))), dim=-1)
+    return torch.cat((apply_rotary(half_x, *x_tables), apply_rotary(half_y, *y_tables)), dim=-1)
 
 
 def chunk_coordinates(pos: torch.Tensor, chunk: int):
@@ -59,7 +58,19 @@ class RoPE2D(PositionalEncoding):
                              persistent=False)
 
     def rotate_2d(self, q, k, px, py):
-        return axial_rotate(q, px, py, self.inv_freq), axial_rotate(k, px, py, self.inv_freq)
+        # one pair of tables per axis, shared by q and k
+        x_tables, y_tables = (rope_tables(p, self.inv_freq, q.dtype) for p in (px, py))
+        return axial_rotate(q, x_tables, y_tables), axial_rotate(k, x_tables, y_tables)
 
     def rotate(self, q, k, pos, layer):
+        if pos.stride(0) == 0:  # one position row shared by the batch: compute it once
+            pos = pos[:1]
         return self.rotate_2d(q, k, *chunk_coordinates(pos, self.cfg.chunk))
+
+    def flops(self, batch, length, pairs):
+        # q and k rotated as RoPE rotates them (7 per model coordinate); the position row split
+        # into (x, y) (a division) and each axis's tables over half the head (4.5 per coordinate
+        # of a d/2-dimensional RoPE, so 4.5 per head coordinate for the two)
+        dims = self.dims
+        return dims.n_layer * (7 * batch * length * dims.d_model + length
+                               + 4.5 * length * dims.head_dim)

@@ -50,3 +50,11 @@ class Sinusoidal(PositionalEncoding):
             x = x * math.sqrt(x.shape[-1])
         pe = self.cfg.amplitude * sinusoid_table(pos, x.shape[-1], self.cfg.base)
         return x + pe.to(x.dtype)
+
+    def flops(self, batch, length, pairs):
+        # per layer it reaches: the D/2 frequencies (3 each), the angles, their sin and cos, the
+        # amplitude and the sum (3.5 per coordinate of a sequence); once, the input's sqrt(D)
+        D = self.dims.d_model
+        layers = self.dims.n_layer if self.cfg.every_layer else 1
+        return (layers * (1.5 * D + 3.5 * batch * length * D)
+                + self.cfg.scale_input * batch * length * D)
