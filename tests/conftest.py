@@ -1,5 +1,6 @@
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -41,3 +42,22 @@ def stdlib_data():
     from posbench.data import prepare
 
     return prepare(posbench.compose([]).dataset)
+
+
+@pytest.fixture(scope="session")
+def toy_run(tmp_path_factory):
+    """One finished toy RoPE run (`posbench train` with TOY, nothing else), trained once per test
+    process, and its stdout. Tests that change a run take a copy: `toy_run_copy`."""
+    from helpers import posbench_cli
+
+    home = tmp_path_factory.mktemp("toy_run")
+    out = posbench_cli("train", *TOY, "hydra.run.dir=run", cwd=home).stdout
+    return home / "run", out
+
+
+@pytest.fixture
+def toy_run_copy(toy_run, tmp_path):
+    """A copy of toy_run's run dir, `tmp_path/run`, for the test to change."""
+    import shutil
+
+    return Path(shutil.copytree(toy_run[0], tmp_path / "run"))

@@ -132,8 +132,7 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path, args, needle):
     assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").rglob("*.json"))
 
 
-def test_finished_run_dir_is_never_overwritten(tmp_path, toy):
-    posbench_cli("train", *toy, "hydra.run.dir=run", cwd=tmp_path)
+def test_finished_run_dir_is_never_overwritten(tmp_path, toy, toy_run_copy):
     before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
     proc = posbench_cli("train", *toy, "encoding=alibi", "train.warmup_steps=2",
                         "hydra.run.dir=run", cwd=tmp_path, ok=False)
@@ -159,10 +158,10 @@ def test_a_run_whose_hydra_files_cannot_be_written_frees_its_run_dir(tmp_path, t
     assert not (tmp_path / "run" / "run.lock").exists()  # released: a next start may take it
 
 
-def test_typos_in_eval_are_one_line_with_a_did_you_mean(tmp_path, toy, monkeypatch, capsys):
+def test_typos_in_eval_are_one_line_with_a_did_you_mean(tmp_path, toy_run_copy, monkeypatch,
+                                                         capsys):
     """`posbench eval` composes a run's saved config, which Hydra holds no schema for: a
     misspelt key got Hydra's advice to add it with `+`, a misspelt choice a Python tuple."""
-    posbench_cli("train", *toy, "hydra.run.dir=run", cwd=tmp_path)
     monkeypatch.chdir(tmp_path)
     before = sorted(p for p in tmp_path.rglob("*"))
     for arg, line in [
@@ -183,7 +182,8 @@ def test_typos_in_eval_are_one_line_with_a_did_you_mean(tmp_path, toy, monkeypat
     assert proc.returncode == 2 and "(did you mean 'yarn'?)" in proc.stderr
 
 
-def test_eval_lengths_none_past_the_training_length_are_named_before_training(tmp_path, toy):
+def test_eval_lengths_none_past_the_training_length_are_named_before_training(tmp_path, toy,
+                                                                               toy_run):
     proc = posbench_cli("train", *toy, "eval.lengths=[16,32]", "hydra.run.dir=run", cwd=tmp_path)
     warning = ("posbench: warning: eval.lengths=[16, 32] has no length past train.seq_len=32: "
                "the run measures no extrapolation (its log-ppl growth past L is '—' in reports); "
@@ -191,8 +191,7 @@ def test_eval_lengths_none_past_the_training_length_are_named_before_training(tm
     lines = proc.stdout.splitlines()
     assert warning in lines and lines.index(warning) < 4  # beside the run dir and the estimate
     assert results(tmp_path / "run")["status"] == "ok"  # scoring at L alone is a study too
-    assert "has no length past" not in posbench_cli("train", *toy, "hydra.run.dir=run2",
-                                                    cwd=tmp_path).stdout
+    assert "has no length past" not in toy_run[1]  # TOY's lengths, 32 and 64
 
 
 def test_help_version_and_the_key_a_refusal_names(tmp_path, toy, monkeypatch, capsys):

@@ -438,9 +438,9 @@ def test_evaluate_with_a_static_factor_scales_every_length(stdlib_data, toy):
     assert curves["ntk", 4.0][1] != dynamic[1]
 
 
-def test_posbench_eval_writes_a_scaled_results_file_beside_the_untouched_original(tmp_path, toy):
-    run_dir = tmp_path / "run"
-    posbench_cli("train", *toy, f"hydra.run.dir={run_dir}", cwd=tmp_path)
+def test_posbench_eval_writes_a_scaled_results_file_beside_the_untouched_original(tmp_path,
+                                                                                 toy_run_copy):
+    run_dir = toy_run_copy
     original = (run_dir / "results.json").read_bytes()
     posbench_cli("eval", str(run_dir), "eval.rope_scaling=yarn", cwd=tmp_path)
     assert (run_dir / "results.json").read_bytes() == original

@@ -18,11 +18,12 @@ today). Also here: the README's length, its relative links and the guide's, and 
 Python API block. About 60 s on one core: the toy run, then about 1 s a command (the swept
 extension 6 s)."""
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 
-from helpers import posbench_cli, run_in_process
+from helpers import run_in_process
 from posbench.runs import estimate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,10 +88,10 @@ def as_run_here(command: str) -> tuple[list[str], str]:
 
 
 @pytest.fixture(scope="module")
-def toy_sweep(tmp_path_factory, toy):
-    """One finished toy RoPE run, `sweep/run`, trained through the installed posbench."""
+def toy_sweep(tmp_path_factory, toy_run):
+    """One finished toy RoPE run, `sweep/run` (conftest's toy_run, copied)."""
     home = tmp_path_factory.mktemp("toy")
-    posbench_cli("train", *toy, "hydra.run.dir=sweep/run", cwd=home)
+    shutil.copytree(toy_run[0], home / "sweep" / "run")
     return home
 
 

@@ -170,8 +170,8 @@ def test_impossible_requests_are_refused_in_one_line(tmp_path, toy, monkeypatch,
     assert not (tmp_path / "run" / "results.json").exists()
 
 
-def test_a_retrieval_rescore_prints_and_reports_retrieval_not_a_copied_perplexity(tmp_path, toy):
-    posbench_cli("train", *toy, "hydra.run.dir=run", cwd=tmp_path)
+def test_a_retrieval_rescore_prints_and_reports_retrieval_not_a_copied_perplexity(tmp_path,
+                                                                                  toy_run_copy):
     asked = ["eval.retrieval.enabled=true", "eval.retrieval.trials=1",
              "eval.retrieval.key_tokens=4", "eval.retrieval.lengths=[64]",
              "eval.retrieval.depths=[0.5]"]

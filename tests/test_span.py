@@ -295,12 +295,11 @@ def test_a_distance_remap_keeps_the_span():
     assert (probs[..., ~visible_by_definition(span, i, j)] == 0).all()
 
 
-def test_posbench_eval_scores_a_run_with_the_lambda_mask(tmp_path, toy):
+def test_posbench_eval_scores_a_run_with_the_lambda_mask(tmp_path, toy_run_copy):
     """A toy run (L = 32) re-scored with eval.attention=lambda: finite losses, the same loss at L
     (the default mask is the causal one up to L tokens), another past it, the values in effect
     in results.json; a refusal is one line and writes nothing."""
-    run_dir = tmp_path / "run"
-    posbench_cli("train", *toy, f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    run_dir = toy_run_copy
     posbench_cli("eval", str(run_dir), "eval.attention=lambda", cwd=tmp_path)
     old = json.loads((run_dir / "results.json").read_text())
     new = json.loads((run_dir / "results.eval-attention-lambda.json").read_text())
