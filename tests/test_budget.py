@@ -10,10 +10,14 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import posbench
+import posbench.runs.budget
+import posbench.runs.distributed
 import posbench.runs.train
 from posbench.core.errors import ConfigError
 from posbench.encodings import Dims, PositionalEncoding, registry
-from posbench.runs.budget import plan
+from posbench.runs.budget import device_name, plan
+from posbench.runs.checkpoint import Checkpoint
+from posbench.runs.estimate import step_flops
 from posbench.runs.run import RunFailed, train
 
 RUN = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.seq_len=32",
@@ -219,6 +223,68 @@ def test_a_wallclock_budget_stops_by_the_clock_and_a_resume_continues_it(tmp_pat
     assert resumed["resumed_from_step"] == 2
     # the seconds of the first start count: the budget is not spent twice
     assert 2 <= resumed["seconds_spent"] < 4
+
+
+def test_a_wallclock_checkpoint_records_its_device_and_resuming_on_another_is_refused(
+        tmp_path, monkeypatch):
+    real, calls = posbench.runs.train.train_step, []
+
+    def dies(*args, **kwargs):  # a kill in the third step, after two checkpoints
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("killed")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(posbench.runs.train, "train_step", dies)
+    with pytest.raises(RunFailed):
+        run(tmp_path, "moved", *WALL)
+    monkeypatch.setattr(posbench.runs.train, "train_step", real)
+    saved = Checkpoint.load(tmp_path / "moved" / "checkpoint.pt")
+    assert saved.device == device_name(torch.device("cpu")) and saved.step == 2
+    # the same run dir resumed where device_name reads another machine
+    monkeypatch.setattr(posbench.runs.budget, "device_name", lambda device: "NVIDIA H200")
+    with pytest.raises(ConfigError) as refused:
+        run(tmp_path, "moved", *WALL)
+    assert str(refused.value).startswith(
+        "device='NVIDIA H200' is not accepted to resume this train.budget=wallclock run; "
+        f"expected the device it started on, {saved.device!r}")
+    assert "\n" not in str(refused.value)
+    assert Checkpoint.load(tmp_path / "moved" / "checkpoint.pt").step == 2  # nothing trained
+
+
+def test_other_budgets_record_no_device_in_their_checkpoint(tmp_path):
+    run(tmp_path, "tokens", "encoding=rope")
+    assert Checkpoint.load(tmp_path / "tokens" / "checkpoint.pt").device is None
+
+
+def test_a_wallclock_budget_over_several_processes_is_refused(monkeypatch):
+    monkeypatch.setattr(posbench.runs.distributed, "world_size", lambda: 2)
+    cfg = posbench.compose(["encoding=rope", "train.budget=wallclock", "train.budget_seconds=60"])
+    with pytest.raises(ConfigError, match=re.escape(
+            "train.budget=wallclock is not accepted under 2 processes; expected one device")):
+        plan(cfg)
+
+
+def test_a_flops_budget_below_one_step_is_refused_naming_the_step(tmp_path):
+    """PaTH's step costs more than RoPE's: one RoPE step buys none of it."""
+    overrides = ["encoding=path", "train.budget=flops", "train.steps=1", "train.warmup_steps=0"]
+    cfg = posbench.compose([*RUN, *overrides])
+    one_step = step_flops(cfg)
+    with pytest.raises(ConfigError) as refused:
+        plan(cfg)
+    assert str(refused.value) == (
+        f"train.steps=1 is not accepted with train.budget=flops; expected a budget of at least "
+        f"one step of path, {one_step:.4g} FLOPs (rope spends "
+        f"{step_flops(posbench.compose([*RUN, 'encoding=rope'])):.4g} in 1 steps)")
+    with pytest.raises(ConfigError):  # before any work: the run dir holds nothing it wrote
+        run(tmp_path, "short", *overrides)
+    assert not (tmp_path / "short" / "checkpoint.pt").exists()
+    assert not (tmp_path / "short" / "results.json").exists()
+    # a budget of at least one step trains the steps it pays for
+    rope_step = step_flops(posbench.compose([*RUN, "encoding=rope"]))
+    steps = math.ceil(one_step / rope_step)
+    assert plan(posbench.compose([*RUN, *overrides[:2], f"train.steps={steps}"])).steps == round(
+        steps * rope_step / one_step) >= 1
 
 
 def test_the_time_schedule_warms_up_and_decays_over_the_fraction_spent():

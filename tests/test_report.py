@@ -276,3 +276,33 @@ def test_each_groups_budget_is_named_and_a_mixed_folder_says_so(tmp_path):
     assert "These runs trained under 2 budgets (flops, tokens; train.budget)" in summary
     assert "| rope [budget=tokens] | tokens: 2000 steps |" in summary
     assert "| path [budget=flops] | flops: 2.2e+13 (1380 steps) |" in summary
+
+
+def wallclock_record(name, seed, device):
+    record = run_record(name, seed, {32: 8.0, 64: 16.0},
+                        train={"seq_len": 32, "budget": "wallclock", "budget_seconds": 60.0})
+    record["train"].update(budget="wallclock", budget_seconds=60.0, device=device,
+                           steps_reached=100 + seed)
+    return record
+
+
+def test_wallclock_runs_on_several_devices_are_named_and_a_mixed_group_is_marked(tmp_path):
+    write(tmp_path, "rope0", wallclock_record("rope", 0, "NVIDIA H100 80GB HBM3"))
+    write(tmp_path, "rope1", wallclock_record("rope", 1, "NVIDIA H200"))
+    write(tmp_path, "alibi0", wallclock_record("alibi", 0, "NVIDIA H100 80GB HBM3"))
+    write_report(tmp_path)
+    summary = (tmp_path / "summary.md").read_text()
+    assert ("These wallclock runs spent their seconds on 2 devices (NVIDIA H100 80GB HBM3; "
+            "NVIDIA H200)") in summary
+    rows = {line.split(" | ")[0].strip("| "): line for line in summary.splitlines()
+            if "wallclock: 60 s" in line}
+    assert "MIXED DEVICES: NVIDIA H100 80GB HBM3, NVIDIA H200" in rows["rope"]
+    assert "MIXED" not in rows["alibi"]
+
+
+def test_wallclock_runs_on_one_device_get_no_device_line(tmp_path):
+    write(tmp_path, "rope0", wallclock_record("rope", 0, "NVIDIA H200"))
+    write(tmp_path, "alibi0", wallclock_record("alibi", 0, "NVIDIA H200"))
+    write_report(tmp_path)
+    summary = (tmp_path / "summary.md").read_text()
+    assert "spent their seconds on" not in summary and "MIXED" not in summary

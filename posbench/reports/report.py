@@ -280,6 +280,19 @@ def budget(record: dict) -> str:
     return "tokens" + (f": {t['steps']} steps" if "steps" in t else "")
 
 
+def wallclock_devices(records: list) -> list:
+    """The devices the wallclock runs among `records` spent their seconds on, sorted."""
+    return sorted({r["train"]["device"] for r in records
+                   if r["train"].get("budget") == "wallclock"})
+
+
+def group_budget(runs: list) -> str:
+    """budget() of the group's first run, marked when its wallclock runs used several devices."""
+    devices = wallclock_devices(runs)
+    mixed = f"; MIXED DEVICES: {', '.join(devices)}" if len(devices) > 1 else ""
+    return budget(runs[0]) + mixed
+
+
 def protocol(record: dict) -> str:
     return record["eval"].get("protocol", "?")
 
@@ -370,6 +383,12 @@ def write_report(root: Path, only: Optional[str] = None) -> Dict[str, dict]:
         lines += [f"These runs trained under {len(kinds)} budgets ({', '.join(kinds)}; "
                   "train.budget): groups of different budgets did not spend alike, each "
                   "group's is in the throughput table.", ""]
+    devices = wallclock_devices([r for r in ok if r["_file"] == RESULTS])
+    if len(devices) > 1:
+        lines += [f"These wallclock runs spent their seconds on {len(devices)} devices "
+                  f"({'; '.join(devices)}): the same seconds buy other steps on each, so groups "
+                  "on different devices did not spend alike; the throughput table names each "
+                  "group's device and marks a group whose seeds used several.", ""]
     lines += [f"Perplexity by evaluation length (training length "
               f"{', '.join(map(str, train_lens))}; protocol {', '.join(protocols)}){band}. A "
               "group with a change in parentheses is a re-score of the group it names "
@@ -416,7 +435,7 @@ def write_report(root: Path, only: Optional[str] = None) -> Dict[str, dict]:
     lines += ["", "Training budget (train.budget, of the group's first run) and throughput "
               "(mean over seeds):", "",
               "| group | budget | tokens/s | wall time (m:s) |", "|---|---|---:|---:|"]
-    lines += [f"| {label} | {budget(groups[label][0])} | " + (f"{tps:.0f}" if tps else "—")
+    lines += [f"| {label} | {group_budget(groups[label])} | " + (f"{tps:.0f}" if tps else "—")
               + " | " + (_minutes(wall) if wall else "—") + " |"
               for label, (tps, wall) in in_table_order(throughput).items()]
     if repeats:

@@ -10,7 +10,9 @@
   (PositionalEncoding.flops; a backward pass costs about twice a forward).
 - wallclock: train.budget_seconds of training, evaluation left out; the learning rate follows
   the fraction of those seconds spent, and a resume continues from the checkpoint's seconds.
-  Such runs are not bit-reproducible: how many steps fit depends on the machine and its load.
+  Such runs are not bit-reproducible: how many steps fit depends on the machine and its load,
+  so they are refused across devices: under several processes (each rank's clock would end
+  training at its own step), and on resuming on another device than the checkpoint's.
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ from typing import Optional
 from omegaconf import OmegaConf
 
 from posbench.config import to_container
+from posbench.core.errors import ConfigError
+from posbench.runs import distributed
 
 
 def with_encoding(cfg, name: str):
@@ -61,6 +65,11 @@ class Budget:
     def spent(self, done: int, seconds: float) -> bool:
         return done >= self.steps if self.seconds is None else seconds >= self.seconds
 
+    def spent_on(self, device) -> Optional[str]:
+        """The machine whose seconds a wallclock budget counts (the checkpoint keeps it); None
+        under the other budgets, which spend alike on any device."""
+        return device_name(device) if self.seconds is not None else None
+
     def record(self, done: int, seconds: float, device) -> dict:
         """What results.json records of the budget (train.budget)."""
         if self.kind == "flops":
@@ -82,6 +91,17 @@ def device_name(device) -> str:
     return f"cpu ({torch.get_num_threads()} threads)"
 
 
+def require_same_device(budget: Budget, started_on: Optional[str], device) -> None:
+    """Refuses to resume a wallclock run on another device than its checkpoint's (None: not
+    recorded, as in checkpoints of other budgets)."""
+    if budget.seconds is None or started_on is None or started_on == device_name(device):
+        return
+    raise ConfigError(f"device={device_name(device)!r} is not accepted to resume this "
+                      f"train.budget=wallclock run; expected the device it started on, "
+                      f"{started_on!r} (the same seconds buy other steps on another device; "
+                      "OMP_NUM_THREADS sets a CPU's threads), or a new run dir")
+
+
 def plan(cfg) -> Budget:
     """The run's budget from its config."""
     t = cfg.train
@@ -89,11 +109,21 @@ def plan(cfg) -> Budget:
     if kind == "tokens":
         return Budget(kind, t.steps, t)
     if kind == "wallclock":
+        if distributed.world_size() > 1:
+            raise ConfigError(f"train.budget=wallclock is not accepted under "
+                              f"{distributed.world_size()} processes; expected one device: "
+                              "seconds spent on several are not comparable with one's, and each "
+                              "rank's clock would end training at its own step")
         return Budget(kind, None, t, seconds=float(t.budget_seconds))
     from posbench.runs.estimate import step_flops
 
     budget, per_step = budget_flops(cfg), step_flops(cfg)
-    steps = max(1, round(budget / per_step))
+    if budget < per_step:
+        raise ConfigError(f"train.steps={t.steps} is not accepted with train.budget=flops; "
+                          f"expected a budget of at least one step of {cfg.encoding.name}, "
+                          f"{per_step:.4g} FLOPs ({t.budget_reference} spends {budget:.4g} in "
+                          f"{t.steps} steps)")
+    steps = round(budget / per_step)
     warmup = round(t.warmup_steps * steps / t.steps)
     return Budget(kind, steps, Schedule(t.lr, t.min_lr_ratio, warmup, steps), flops=budget,
                   flops_per_step=per_step)

@@ -86,6 +86,9 @@ class Checkpoint:
     final_loss: float  # mean of the last closed log window
     last_loss: Optional[float]  # last finite per-step loss
     seconds: float  # training time over every start so far
+    # train.budget=wallclock: the machine the seconds were spent on (posbench/runs/budget.py:
+    # device_name); None under other budgets, and absent from checkpoints saved before it existed
+    device: Optional[str] = None
 
     def save(self, path: Path) -> None:
         state = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
@@ -97,7 +100,7 @@ class Checkpoint:
         """Checked against its digest, on CPU; a file without these keys is refused."""
         state = load_checkpoint(path)
         names = {field.name for field in dataclasses.fields(cls)} - {"version"} | {"posbench"}
-        if set(state) != names:
+        if set(state) | {"device"} != names:
             raise CheckpointError(f"checkpoint {path} is not accepted: it holds {sorted(state)}; "
                                   f"expected a posbench checkpoint, which holds {sorted(names)}")
         state["version"] = state.pop("posbench")

@@ -40,7 +40,7 @@ from posbench.evaluations import Evaluation
 from posbench.evaluations import retrieval, ruler
 from posbench.evaluations.base import planting
 from posbench.core.io import FileLock, LockHeld, write_json
-from posbench.runs.budget import Budget
+from posbench.runs.budget import Budget, require_same_device
 from posbench.runs.budget import plan as plan_budget
 from posbench.runs.loggers import NoLogger, make_logger
 from posbench.model.transformer import build_model
@@ -211,14 +211,16 @@ class RunDir:
                           if distributed.is_main() and t.val_every else None)
             torch.manual_seed(cfg.seed)
             model = build_model(cfg, data.vocab_size)
+            budget = plan_budget(cfg)
             checkpoint = None
             if (run_dir / CHECKPOINT).exists():
                 checkpoint = Checkpoint.load(run_dir / CHECKPOINT)
                 check_resumable(cfg, checkpoint, run_dir / CHECKPOINT, data, model)
+                require_same_device(budget, checkpoint.device, device)
             elif cfg.train.get("init_from"):
                 initial_weights(Path(cfg.train.init_from), data, model)
             return Start(device, data, model.to(device), checkpoint, lock, planned, plant,
-                         validation, plan_budget(cfg))
+                         validation, budget)
         except BaseException:
             if lock:
                 lock.release()

@@ -229,7 +229,8 @@ def save(path: Path, cfg: DictConfig, start, optimizer, window: LossWindow, prog
                vocab_size=start.data.vocab_size, step=done, model=start.model.state_dict(),
                optimizer=optimizer.state_dict(), rng=rng_state(start.device),
                window=window.losses[:window.n].cpu(), final_loss=window.final_loss,
-               last_loss=progress.last_loss, seconds=seconds).save(path)
+               last_loss=progress.last_loss, seconds=seconds,
+               device=start.budget.spent_on(start.device)).save(path)
 
 
 class TrainingLog:
