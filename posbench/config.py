@@ -22,7 +22,7 @@ from posbench.data import check_dataset
 from posbench.data import registry as dataset_registry
 from posbench.core.errors import ConfigError, did_you_mean, require, require_positive
 from posbench.evaluations import EvalConfig
-from posbench.evaluations.ruler_tasks import PRESETS as RULER_TASKS
+from posbench.evaluations.ruler_tasks import DEFAULT_TASKS as RULER_TASKS
 
 
 @dataclass
@@ -88,6 +88,7 @@ class TrainConfig:
     # At 0.5 the tiny model learns them between steps 2000 and 3000 (ALiBi) and 4000 and 5000
     # (RoPE) of a 6000-step run (docs/results.md, "RULER's formats in training")
     ruler_mix: float = 0.0
+    # any of eval.ruler's tasks; by default all but cwe and fwe, which are asked for by name
     ruler_tasks: List[str] = field(default_factory=lambda: list(RULER_TASKS))
     # train with switch_encoding_to instead of the encoding from this fraction of train.steps on
     # (null: never): DroPE drops RoPE for nope for the last 1/8 (0.875); posbench/model/schedule.py

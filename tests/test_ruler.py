@@ -20,7 +20,7 @@ from helpers import Blind, Copier, posbench_cli, results, run_in_process
 from posbench.data import prepare
 from posbench.data.tokenize import _byte_chars
 from posbench.evaluations.ruler import Ruler, answer_scores
-from posbench.evaluations.ruler_tasks import PRESETS, Task, Vocabulary, instances
+from posbench.evaluations.ruler_tasks import DEFAULT_TASKS, Task, Vocabulary, instances
 
 WORD, NUMBER, NAME = rb"[a-z]{3}", rb"[0-9]{4}", rb"[A-Z]{3}"
 UUID = rb"[0-9a-f]{4}-[0-9a-f]{4}"
@@ -430,7 +430,7 @@ RULER = ["eval.ruler.enabled=true", "eval.ruler.lengths=[128]", "eval.ruler.dept
 def test_train_scores_every_task_and_a_rescore_gives_the_same_cells(tmp_path):
     proc = posbench_cli("train", *TOY, *RULER, "hydra.run.dir=run", cwd=tmp_path)
     r = results(tmp_path / "run")["eval"]["ruler"]
-    assert list(r["tasks"]) == list(PRESETS) and r["format"] == 1
+    assert list(r["tasks"]) == DEFAULT_TASKS and r["format"] == 1
     assert r["units"] == "bits per answer token" and r["counts"]["queries"] == 2
     for task in r["tasks"].values():
         assert [(c["length"], c["depth"]) for c in task["grid"]] == [(128, 0.0), (128, 1.0)]

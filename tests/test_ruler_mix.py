@@ -12,7 +12,7 @@ import posbench
 from posbench.evaluations import ruler
 from posbench.evaluations.retrieval import Passkeys, mixer
 from posbench.evaluations.ruler import RulerConfig
-from posbench.evaluations.ruler_tasks import PRESETS, Task, Vocabulary, instances
+from posbench.evaluations.ruler_tasks import DEFAULT_TASKS, Task, Vocabulary, instances
 from helpers import run_in_process
 
 L = 128  # every task fits at byte level (eval.ruler's default counts)
@@ -27,9 +27,10 @@ def mix(data, share, tasks=None):
 
 @pytest.fixture(scope="module")
 def tasks(stdlib_data):
-    """The oracle's tasks, built apart from the mix's: every preset at eval.ruler's defaults."""
+    """The oracle's tasks, built apart from the mix's: train.ruler_tasks' default presets at
+    eval.ruler's defaults."""
     vocab = Vocabulary(stdlib_data, posbench.compose([]).dataset)
-    return [Task(name, RulerConfig(), vocab) for name in PRESETS]
+    return [Task(name, RulerConfig(), vocab) for name in DEFAULT_TASKS]
 
 
 def oracle(tasks, seed, step, batch, share):

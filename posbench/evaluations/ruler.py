@@ -1,20 +1,22 @@
 """eval.ruler: RULER's synthetic retrieval tasks (Hsieh et al. 2024, "RULER: What's the Real
 Context Size of Your Long-Context Language Models?", arXiv 2404.06654; github NVIDIA/RULER,
 scripts/synthetic.yaml) at posbench's scale: needle-in-a-haystack with one needle, with
-distracting needles, several values and several queries, and variable tracking, in the run's own
-tokenizer and text, by length x depth, scored teacher-forced in one pass.
+distracting needles, several values and several queries, variable tracking, and common and
+frequent word extraction, in the run's own tokenizer and text, by length x depth, scored
+teacher-forced in one pass.
 
-The instances, their formats and their generators are in
-posbench/evaluations/ruler_tasks.py; this module scores them, plans them for a run and plants
-them in training rows, and reports the scores.
+The instances, their formats and their generators are in posbench/evaluations/ruler_tasks.py
+(common and frequent word extraction in ruler_words.py); this module scores them, plans them
+for a run and plants them in training rows, and reports the scores.
 
 Two scores per (task, length, depth), means over trials, on the answer tokens (the drawn
 tokens of the answer; its separators and uuid hyphens are fed but not scored):
 - exact_match: whether every answer token is the model's argmax given the true tokens before it
   (what greedy decoding reproduces when the answer's unscored tokens are given);
 - bits_saved: the answer's mean loss per token (bits) in the same sequence with the needles that
-  hold the answer taken out and the haystack run on to the same length, minus its loss with
-  them: what the needles are worth to the model. 0 for a model that does not retrieve.
+  hold the answer taken out and the haystack run on to the same length (cwe, fwe: the asked
+  words replaced by others), minus its loss with them: what the needles are worth to the
+  model. 0 for a model that does not retrieve.
 
 train.ruler_mix replaces that fraction of training sequences by instances of train.ruler_tasks
 at the training length (a tiny model trained on text alone does not learn these formats), each
@@ -22,8 +24,8 @@ built by Task.make at eval.ruler's default counts, of a task and a depth drawn u
 its text haystack from training documents, all from the row's own generator of (seed, step,
 row): see training_instance.
 
-Not here: RULER's common and frequent word extraction (cwe, fwe) and QA, and RULER's prompt
-templates, which are replaced by short formats (ruler_tasks.py).
+Not here: RULER's QA, and RULER's prompt templates, which are replaced by short formats
+(ruler_tasks.py, ruler_words.py).
 """
 from __future__ import annotations
 
@@ -42,21 +44,25 @@ from posbench.evaluations.base import (Section, SectionConfig, by_length, effect
                                        eval_config, plant_share, register,
                                        scored_within_memory, set_eval_options,
                                        with_train_length)
-from posbench.evaluations.ruler_tasks import (FORMAT, PRESETS, TOKENS_KEY, Instance, Task,
-                                              Vocabulary, instances)
+from posbench.evaluations.ruler_tasks import (DEFAULT_TASKS, FORMAT, PRESETS, TOKENS_KEY,
+                                              Instance, Task, Vocabulary, instances)
+from posbench.evaluations.ruler_words import WordList
 
 # train.ruler_mix: a batch's share and rows are drawn from the generator of (seed, step,
 # MIX_STREAM), each planted row from that of (seed, step, MIX_STREAM, row + 1): four words where
 # an evaluation instance's are five (seed, task, length, depth, trial), so that no training
 # generator is an evaluation's (nor the batch's (seed, step), nor retrieval_mix's stream 7)
 MIX_STREAM = 11
+# eval.ruler's counts, positive integers, which results.json records with fwe's alpha
+COUNTS = (*TOKENS_KEY.values(), "keys", "values", "queries", "hops", "chains", "common",
+          "common_repeats", "uncommon_repeats", "frequent")
 
 
 @dataclass
 class RulerConfig(SectionConfig):
     """eval.ruler: RULER's synthetic retrieval tasks by length and depth, language-model runs
     only (posbench/evaluations/ruler.py)."""
-    tasks: List[str] = field(default_factory=lambda: list(PRESETS))
+    tasks: List[str] = field(default_factory=lambda: list(DEFAULT_TASKS))
     # null: eval.lengths (with the training length)
     lengths: Optional[List[int]] = None
     # where the first answer's needle sits in the haystack: 0 at its start, 1 before the query
@@ -78,6 +84,17 @@ class RulerConfig(SectionConfig):
     queries: int = 2
     hops: int = 4  # vt: assignments after the first in a chain (RULER: 4)
     chains: int = 1  # vt: chains, one asked (RULER: 1)
+    # cwe: `common` words (RULER: 10) each `common_repeats` times among as many words each
+    # `uncommon_repeats` times as fill the window (RULER: 30 and 3, below 4096 tokens 6 and 1).
+    # RULER's repeats below 4096 tokens, and 2 words, so that at 128 bytes they are 12 of the
+    # list's 25 (RULER's 10 words' answer alone would take 48)
+    common: int = 2
+    common_repeats: int = 6
+    uncommon_repeats: int = 1
+    # fwe: words asked, the most frequent after the noise (RULER: 3), at counts of a Zeta law of
+    # this alpha (RULER: 2.0)
+    frequent: int = 3
+    alpha: float = 2.0
     # effective context, per task and over the tasks' mean: the largest length up to which
     # bits saved per answer token stays >= threshold (RULER's absolute rule; 1 bit, as the
     # passkey's), and up to which it keeps 85% of its value at the shortest length (NoLiMa's)
@@ -90,12 +107,15 @@ def ruler_lengths(eval_cfg, train_len: int) -> List[int]:
                                                                            train_len).lengths)
 
 
+def build_task(name: str, cfg: RulerConfig, vocab: Vocabulary) -> Task:
+    """A preset's builder: cwe and fwe's in ruler_words.py, the others' in ruler_tasks.py."""
+    return (WordList if PRESETS[name].extract else Task)(name, cfg, vocab)
 
 
 def plan_tasks(cfg: RulerConfig, run_cfg, data) -> Dict[str, Task]:
     """The tasks of the run's ruler evaluation, after refusing any that a length cannot hold."""
     vocab = Vocabulary(data, run_cfg.dataset)
-    tasks = {name: Task(name, cfg, vocab) for name in cfg.tasks}
+    tasks = {name: build_task(name, cfg, vocab) for name in cfg.tasks}
     for length in ruler_lengths(run_cfg.eval, run_cfg.train.seq_len):
         for task in tasks.values():
             task.check(length)
@@ -106,7 +126,7 @@ def training_tasks(run_cfg, data) -> List[Task]:
     """train.ruler_mix's tasks, at eval.ruler's default counts, after refusing any that the
     training length or the training documents cannot hold."""
     vocab = Vocabulary(data, run_cfg.dataset)
-    tasks = [Task(name, RulerConfig(), vocab) for name in run_cfg.train.ruler_tasks]
+    tasks = [build_task(name, RulerConfig(), vocab) for name in run_cfg.train.ruler_tasks]
     for task in tasks:
         task.check(run_cfg.train.seq_len, split="train")
     return tasks
@@ -191,9 +211,7 @@ def evaluate_ruler(model, tasks: Dict[str, Task], cfg: RulerConfig, eval_cfg, tr
     bar.close()
     return {"format": FORMAT, "units": "bits per answer token", "trials": cfg.trials,
             "seed": cfg.seed, "depths": list(cfg.depths), "threshold": cfg.threshold,
-            "counts": {key: getattr(cfg, key) for key in (*TOKENS_KEY.values(), "keys",
-                                                          "values", "queries", "hops",
-                                                          "chains")},
+            "counts": {key: getattr(cfg, key) for key in (*COUNTS, "alpha")},
             "tasks": out, **effective_lengths(average(out), cfg.threshold)}
 
 
@@ -212,9 +230,9 @@ def average(tasks: Dict[str, dict]) -> List[dict]:
     return out
 
 
-@register("ruler", "RULER's synthetic retrieval tasks (needle in a haystack: single, multi-key, "
-          "multi-value, multi-query; variable tracking) by length and depth: exact match and "
-          "bits saved per answer token")
+@register("ruler", "RULER's synthetic tasks (needle in a haystack: single, multi-key, "
+          "multi-value, multi-query; variable tracking; common and frequent word extraction) by "
+          "length and depth: exact match and bits saved per answer token")
 class Ruler(Section):
     Config = RulerConfig
     has_effective_length = True
@@ -233,7 +251,7 @@ class Ruler(Section):
                 f"less than 1 - train.retrieval_mix={passkeys} (the two mixes share the rows)")
         require(mix == 0 or dataset_class(run_cfg.dataset).text, "train.ruler_mix", mix,
                 f"0 for dataset={run_cfg.dataset.name} (RULER's tasks are planted in text)")
-        tasks = list(t.get("ruler_tasks", PRESETS))
+        tasks = list(t.get("ruler_tasks", DEFAULT_TASKS))
         require(mix == 0 or len(tasks) > 0, "train.ruler_tasks", tasks,
                 "a non-empty list of tasks: " + ", ".join(PRESETS))
         for name in tasks:
@@ -247,9 +265,13 @@ class Ruler(Section):
                     f"one of {', '.join(PRESETS)}{did_you_mean(name, PRESETS)}")
         require(len(set(cfg.tasks)) == len(cfg.tasks), "eval.ruler.tasks", list(cfg.tasks),
                 "each task once")
-        for key in ("trials", *TOKENS_KEY.values(), "keys", "values", "queries", "hops",
-                    "chains"):
+        for key in ("trials", *COUNTS):
             require_positive(f"eval.ruler.{key}", getattr(cfg, key))
+        require(cfg.common_repeats > cfg.uncommon_repeats, "eval.ruler.common_repeats",
+                cfg.common_repeats, f"more than eval.ruler.uncommon_repeats="
+                f"{cfg.uncommon_repeats} (cwe's common words are the most repeated)")
+        require(math.isfinite(cfg.alpha) and cfg.alpha > 1, "eval.ruler.alpha", cfg.alpha,
+                "a number above 1 (fwe's Zeta law, whose sum diverges at 1)")
         for n in cfg.lengths or []:
             require_positive("eval.ruler.lengths", n)
         require(math.isfinite(cfg.threshold), "eval.ruler.threshold", cfg.threshold,
