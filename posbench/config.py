@@ -50,6 +50,11 @@ class ModelConfig:
     attn_gate: str = "none"
     # a learned logit per head in every softmax denominator that adds no value (gpt-oss's sinks)
     attn_sinks: bool = False
+    # MLA's decoupled RoPE (DeepSeek-V2): the heads' q and k keep an unrotated content part and
+    # gain a rotary part, q's per head, k's one for all heads, that the (rotary) encoding turns
+    decoupled_rope: bool = False
+    # that part's width per head, even; null: half the head dimension (DeepSeek-V2: 64 of 128)
+    decoupled_rope_dim: Optional[int] = None
 
 
 @dataclass
@@ -305,6 +310,33 @@ def _check_attention(m) -> None:
             f"one of {ATTN_GATES}{did_you_mean(gate, ATTN_GATES)}")
 
 
+def _check_decoupled_rope(cfg) -> None:
+    """model.decoupled_rope needs an encoding that rotates q and k (its rotary parts are what it
+    rotates) and an even width; RoPE's distance remaps, which rotate the whole q and k, are
+    refused with it."""
+    from posbench.attention.decoupled_rope import rotary_width
+    from posbench.encodings.base import encoding_class, registry
+
+    m = cfg.model
+    width = m.get("decoupled_rope_dim")  # absent from runs saved before it existed
+    if not m.get("decoupled_rope", False):
+        require(width is None, "model.decoupled_rope_dim", width,
+                "null unless model.decoupled_rope=true")
+        return
+    name = cfg.encoding.get("name")
+    rotary = [n for n, entry in registry().items() if entry.cls.rotary]
+    require(encoding_class(cfg.encoding).rotary, "model.decoupled_rope", True,
+            f"false for encoding={name}, which does not rotate q and k (those that do: "
+            + ", ".join(rotary) + ")")
+    width = rotary_width(m)
+    key = "model.decoupled_rope_dim" if m.get("decoupled_rope_dim") is not None else (
+        "model.decoupled_rope_dim (null: half of model.d_model/model.n_head)")
+    require(width >= 2 and width % 2 == 0, key, width, "an even width >= 2")
+    require(cfg.eval.rope_scaling not in ROPE_REMAPS, "eval.rope_scaling", cfg.eval.rope_scaling,
+            "a scaling of the frequencies with model.decoupled_rope=true (a distance remap "
+            "rotates the whole q and k)")
+
+
 def _check_eval_attention(cfg) -> None:
     """eval.attention and its keys: a lambda mask replaces global layers' causal one, so a model
     needs one; the keys are read by lambda alone."""
@@ -475,6 +507,7 @@ def check(cfg: DictConfig) -> None:
              f"'none' for encoding={cfg.encoding.get('name')}, which does not rotate q and k")
     _check_rope_scaling_factor(cfg.eval)
     _check_rope_remap(cfg)
+    _check_decoupled_rope(cfg)
     positions = cfg.eval.get("randomized_positions", EvalConfig.randomized_positions)
     require(positions in RANDOMIZED_POSITIONS, "eval.randomized_positions", positions,
              f"one of {RANDOMIZED_POSITIONS}")

@@ -3,6 +3,7 @@ preset's instances parsed back from their bytes and checked against its definiti
 distractors, counts, distinctness, depth, the answer and what is scored, the sequence without the
 answer's needles), GPT-2 BPE draws, seeding, the refusals, both scores against per-token losses
 computed here, and the CLI (train, re-score)."""
+import collections
 import copy
 import dataclasses
 import functools
@@ -19,7 +20,7 @@ import posbench
 from helpers import Blind, Copier, posbench_cli, results, run_in_process
 from posbench.data import prepare
 from posbench.data.tokenize import _byte_chars
-from posbench.evaluations.ruler import Ruler, answer_scores
+from posbench.evaluations.ruler import Ruler, answer_scores, build_task
 from posbench.evaluations.ruler_tasks import DEFAULT_TASKS, Task, Vocabulary, instances
 
 WORD, NUMBER, NAME = rb"[a-z]{3}", rb"[0-9]{4}", rb"[A-Z]{3}"
@@ -286,6 +287,39 @@ def test_bpe_keys_and_values_are_tokens_of_the_tokenizer_spelled_as_their_kind(b
         assert re.fullmatch(form, value) and re.fullmatch(
             form if name == "niah_multikey_3" else rb"[a-z]+", key)
     assert any(len(b) > 1 for b in drawn)  # a merged token, drawn as one
+
+
+@pytest.mark.parametrize("name, ask", [("cwe", b"\nmost common words? "),
+                                       ("fwe", b"\nmost frequent words? ")])
+def test_bpe_lists_are_words_of_the_tokenizers_lowercase_tokens(bpe_vocab, name, ask):
+    vocab, spelled = bpe_vocab
+    cfg = config(trials=3)
+    for inst in instances(build_task(name, cfg, vocab), cfg, 160, 0.5):
+        assert len(inst.row) == 161  # tokens, not bytes
+        pieces = [spelled[int(i)] for i in inst.row]
+        query = next(i for i in range(len(pieces)) if b"".join(pieces[i:]).startswith(ask))
+        items = []  # the list's items as token tuples, between single-space tokens
+        for i in inst.row[:query]:
+            if spelled[int(i)] == b" ":
+                items.append(())
+            else:
+                items[-1] += (int(i),)
+        items = [item for item in items if item]
+        count = collections.Counter(items)
+        noise = tuple(vocab.encode("..."))
+        dots = count.pop(noise, 0)
+        assert all(len(item) == 3 for item in count)
+        if name == "cwe":  # 2 words 6 times, the others once
+            assert dots == 0 and sorted(count.values())[-3:] == [1, 6, 6]
+        else:  # the noise is the most frequent
+            assert dots > max(count.values())
+        words = [item for item in items if item != noise]
+        assert all(re.fullmatch(rb"[a-z]+", spelled[t]) for item in words for t in item)
+        top = sorted(count, key=count.get, reverse=True)[:2 if name == "cwe" else 3]
+        assert min(count[w] for w in top) > max([count[w] for w in count if w not in top] + [0])
+        answer = inst.row[-len(inst.scored):][inst.scored].tolist()
+        assert answer == [t for w in dict.fromkeys(words) if w in top for t in w]
+    assert any(len(spelled[t]) > 1 for t in answer)  # a merged token, drawn as one
 
 
 # ---- refusals --------------------------------------------------------------------------------

@@ -245,12 +245,12 @@ TOY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.steps=3",
     (["eval.ruler.tasks=[cwe]"], "eval.ruler.tasks=cwe at length 32 is not accepted: its "
      "shortest list (2 words 6 times each and one 1 time(s)), query and answer take 79 tokens, "
      "more than the window's 33; expected eval.ruler.lengths of at least 78 for cwe"),
-    # fwe's: N = 27, 16 "..." and 6 words, 87 bytes with their spaces, a 22-byte query and the
-    # 13-byte answer
+    # fwe's: N = 27, "..." 16 times and 3 words 4, 1 and 1 times, 87 bytes with their spaces, a
+    # 22-byte query and the 13-byte answer
     (["eval.ruler.tasks=[cwe,fwe]", "eval.ruler.lengths=[120]"], "eval.ruler.tasks=fwe at length "
      "120 is not accepted: its shortest list (N = 27: '...' and 3 words at Zeta(2.0) counts, the "
-     "3 asked above the rest), query and answer take 122 tokens, more than the window's 121; expected "
-     "eval.ruler.lengths of at least 121 for fwe"),
+     "3 asked above the rest), query and answer take 122 tokens, more than the window's 121; "
+     "expected eval.ruler.lengths of at least 121 for fwe"),
     # one-letter words at 256: 2 common, (257 - 20 - 4 + 1) // 2 - 12 = 105 uncommon and the 12
     # that stand in for the common words' occurrences
     (["eval.ruler.tasks=[cwe]", "eval.ruler.lengths=[256]", "eval.ruler.key_tokens=1"],

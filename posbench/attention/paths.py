@@ -51,6 +51,7 @@ from torch.utils.checkpoint import checkpoint
 from posbench.attention.lag_bias import (decay_attention, factored_bias_attention,
                                          lag_bias_attention, lag_is_index_difference,
                                          lag_rows_attention, lag_table)
+from posbench.attention.decoupled_rope import DecoupledRoPE
 from posbench.attention.span import GLOBAL, Span
 from posbench.attention.temperature import Temperature
 
@@ -75,6 +76,8 @@ class LayerAttention:
     qk_norm: bool = False  # RMSNorm of q and k over the model width (model.qk_norm)
     gate: str = "none"  # a sigmoid gate on each head's output from the layer's input (ATTN_GATES)
     sinks: bool = False  # a learned sink logit per head in the softmax denominator
+    # MLA's decoupled rotary part per head, d^R (posbench/attention/decoupled_rope.py); 0: none
+    rope_dim: int = 0
 
 
 class CausalSelfAttention(nn.Module):
@@ -99,6 +102,8 @@ class CausalSelfAttention(nn.Module):
                                bias=False))
         # gpt-oss's sinks: one logit per head, drawn from N(0, 0.02^2) by GPT._init
         self.sinks = nn.Parameter(torch.zeros(n_head)) if options.sinks else None
+        self.decoupled = (DecoupledRoPE(d_model, n_head, options.rope_dim) if options.rope_dim
+                          else None)
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, encoding) -> torch.Tensor:
         B, T, C = x.shape
@@ -118,7 +123,8 @@ class CausalSelfAttention(nn.Module):
 
     def heads(self, x: torch.Tensor, pos: torch.Tensor, encoding):
         """q, k, v (B, H, T, d) as the attention sees them: rotated, and q scaled by the layer's
-        temperature (eval.temperature, when set, in place of a fixed one)."""
+        temperature (eval.temperature, when set, in place of a fixed one). With MLA's decoupled
+        RoPE, q and k are d + d^R wide and only their rotary parts are rotated."""
         B, T, C = x.shape
         qkv = self.qkv(x).view(B, T, 3, C)
         if self.q_norm is not None:
@@ -126,7 +132,9 @@ class CausalSelfAttention(nn.Module):
                                qkv[:, :, 2]), 2)
         q, k, v = qkv.view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
         encoding, layer = encoding.at_layer(self.layer)  # this layer's own, in a layer pattern
-        if encoding.rotate is not None:
+        if self.decoupled is not None:
+            q, k = self.decoupled(x, q, k, pos, encoding, layer)
+        elif encoding.rotate is not None:
             q, k = encoding.rotate(q, k, pos, layer)
         q = self.temperature(q, encoding.dims.train_len, encoding.temperature)
         return q, k, v

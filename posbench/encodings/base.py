@@ -95,10 +95,14 @@ class Dims:
     # where training's positions may reach past the sequence: PoSE's train.pose_span,
     # randomized's M; None: 0..T-1
     train_span: Optional[int] = None
+    # the width of each head's q and k parts the encoding acts on, when not d_model / n_head: MLA's
+    # decoupled rotary part (model.decoupled_rope, posbench/attention/decoupled_rope.py)
+    rotary_dim: Optional[int] = None
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_head
+        """d, the width of each head's q and k that the encoding acts on."""
+        return self.rotary_dim or self.d_model // self.n_head
 
     def train_positions(self, T: int) -> int:
         """Training's positions of a T-token sequence lie in [0, this): known without reading

@@ -16,6 +16,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
+from posbench.attention.decoupled_rope import rotary_width
 from posbench.core.errors import ConfigError, require
 from posbench.encodings.base import EncodingConfig, PositionalEncoding, register, relative_lag
 
@@ -219,13 +220,15 @@ class RoPE(PositionalEncoding):
     def check(cls, cfg, run_cfg):
         if not cfg.base > 1:
             raise ConfigError(f"encoding.base={cfg.base} is not accepted; expected a number > 1")
-        head_dim = run_cfg.model.d_model // run_cfg.model.n_head
+        width = rotary_width(run_cfg.model)  # MLA's rotary part (model.decoupled_rope), if any
+        key = "model.decoupled_rope_dim" if width else "model.d_model/model.n_head"
+        head_dim = width or run_cfg.model.d_model // run_cfg.model.n_head
         if head_dim % 2:
-            raise ConfigError(f"model.d_model/model.n_head={head_dim} is not accepted; rotary "
+            raise ConfigError(f"{key}={head_dim} is not accepted; rotary "
                               "encodings need an even head dimension")
         scalings = (run_cfg.eval.rope_scaling, run_cfg.train.get("rope_scaling", "none"))
         if any(s in ("ntk", "dynamic_ntk") for s in scalings) and head_dim < 4:
-            raise ConfigError(f"model.d_model/model.n_head={head_dim} is not accepted with "
+            raise ConfigError(f"{key}={head_dim} is not accepted with "
                               "NTK scaling; expected a head dimension >= 4 (b' uses d/(d-2))")
         if run_cfg.eval.rope_scaling in REMAPS:
             check_remap(run_cfg.eval, run_cfg.train.seq_len)
@@ -275,7 +278,8 @@ class RoPE(PositionalEncoding):
         # q and k rotated (x cos + rotate_half(x) sin: 3.5 per element), and the position row's
         # cos and sin (its angles, cos, sin and their factor: 4.5 per head coordinate)
         dims = self.dims
-        return dims.n_layer * (7 * batch * length * dims.d_model + 4.5 * length * dims.head_dim)
+        rotated = dims.n_head * dims.head_dim  # per token: the heads' rotary parts under MLA
+        return dims.n_layer * (7 * batch * length * rotated + 4.5 * length * dims.head_dim)
 
     def set_eval_options(self, rope_scaling="none", temperature=None, rope_scaling_factor=None,
                          randomized_positions="plain", rope_window=None, rope_shift=None):

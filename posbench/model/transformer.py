@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
+from posbench.attention.decoupled_rope import rotary_width
 from posbench.attention.paths import CausalSelfAttention, LayerAttention
 from posbench.encodings import Dims, PositionalEncoding, build_encoding, positions_for
 from posbench.model.schedule import switched_encoding
@@ -112,7 +113,8 @@ def build_model(cfg: DictConfig, vocab_size: Optional[int] = None):
     t = cfg.train
     dims = Dims(n_layer=m.n_layer, n_head=m.n_head, d_model=m.d_model, train_len=t.seq_len,
                 max_len=max([t.seq_len, t.get("pose_span") or 0, *cfg.eval.lengths]),
-                original_len=t.get("original_len"), train_span=t.get("pose_span"))
+                original_len=t.get("original_len"), train_span=t.get("pose_span"),
+                rotary_dim=rotary_width(m))
     encoding = switched_encoding(build_encoding(cfg, dims), cfg.train, dims)
     return GPT(vocab_size or dataset_vocab(cfg.dataset), m.n_layer, m.n_head, m.d_model,
                m.mlp_ratio, encoding, layer_attention(cfg, encoding))
@@ -121,8 +123,8 @@ def build_model(cfg: DictConfig, vocab_size: Optional[int] = None):
 def layer_attention(cfg: DictConfig, encoding: PositionalEncoding) -> List[LayerAttention]:
     """Each layer's span and temperature: model.attention and model.temperature, or what the
     encoding sets for that layer (a `layers` pattern's per-kind values); spans of width
-    model.attention_window (null: L/4); model.qk_norm, model.attn_gate and model.attn_sinks in
-    every layer."""
+    model.attention_window (null: L/4); model.qk_norm, model.attn_gate, model.attn_sinks and
+    model.decoupled_rope in every layer."""
     m = cfg.model
     # runs saved before these keys existed: global attention, no temperature
     defaults = {"attention": m.get("attention", "global"),
@@ -134,5 +136,6 @@ def layer_attention(cfg: DictConfig, encoding: PositionalEncoding) -> List[Layer
         kind = options["attention"]
         layers.append(LayerAttention(GLOBAL if kind == "global" else Span(kind, width),
                                      options["temperature"], m.get("qk_norm", False),
-                                     m.get("attn_gate", "none"), m.get("attn_sinks", False)))
+                                     m.get("attn_gate", "none"), m.get("attn_sinks", False),
+                                     rotary_width(m) or 0))
     return layers

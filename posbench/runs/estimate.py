@@ -3,7 +3,8 @@
 The formulas (docs/design.md, "Estimates"), with B the batch per process, L the training length,
 n an evaluation length, d = model.d_model, V the vocabulary, P the parameters:
 - training FLOPs: 6·N·tokens + 6·n_layer·L·d·tokens (Kaplan et al. 2020: weights, then attention
-  scores and their weighted sum, forward and backward), N the parameters outside the encoding
+  scores and their weighted sum, forward and backward; the scores' half over the q/k width, which
+  model.decoupled_rope widens by n_head·d^R), N the parameters outside the encoding
   (its tables are looked up, not multiplied; the tied embedding counts once, as the output layer),
   plus 3 times the encoding's own forward FLOPs per step (PositionalEncoding.flops over the
   causal pairs L(L+1)/2), all for the run's steps (train.budget=flops sets them,
@@ -35,6 +36,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from posbench.attention.decoupled_rope import rotary_width
 from posbench.attention.paths import BLOCK_ELEMENTS
 from posbench.config import ROPE_REMAPS, to_container
 from posbench.evaluations.base import with_train_length
@@ -98,8 +100,9 @@ def step_flops(cfg, model=None) -> float:
     m, t = cfg.model, cfg.train
     tokens = t.batch_size * t.seq_len
     own = model.encoding.flops(t.batch_size, t.seq_len, t.seq_len * (t.seq_len + 1) // 2)
-    return (6 * _weights(model) * tokens + 6 * m.n_layer * t.seq_len * m.d_model * tokens
-            + 3 * own)
+    qk_width = m.d_model + m.n_head * (rotary_width(m) or 0)  # MLA's rotary parts widen q.k
+    return (6 * _weights(model) * tokens
+            + 3 * m.n_layer * t.seq_len * (qk_width + m.d_model) * tokens + 3 * own)
 
 
 def estimate(cfg, world_size: int = 1, steps: Optional[int] = None) -> Estimate:
