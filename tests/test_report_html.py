@@ -86,8 +86,9 @@ def test_the_page_is_self_contained_with_the_reports_tables_and_links(sweep):
     text = (sweep / "report.html").read_text()
     page = Page(text)
     # every figure the report wrote, embedded as a PNG data: URI
-    assert len(page.images) == 2
-    for image, name in zip(page.images, ("ppl_vs_length.png", "retrieval_grid.png")):
+    assert len(page.images) == 3
+    for image, name in zip(page.images, ("ppl_vs_length.png", "position_frequency.png",
+                                         "retrieval_grid.png")):
         assert image["alt"] == name
         prefix = "data:image/png;base64,"
         assert image["src"].startswith(prefix)
@@ -135,7 +136,8 @@ def test_every_text_is_escaped_and_a_rerun_touches_only_the_page(tmp_path):
     write_report(tmp_path)
     assert (tmp_path / "report.html").read_text().startswith("<!DOCTYPE html>")
     after = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.name != "report.html"}
-    written = {"summary.md", "summary.csv", "ppl_vs_length.png"}  # the report's own files
+    written = {"summary.md", "summary.csv", "ppl_vs_length.png",  # the report's own files
+               "position_frequency.png", "position_frequency.csv"}
     assert {p for p in after if after[p] != before.get(p)} <= {tmp_path / n for n in written}
 
 
@@ -167,7 +169,7 @@ def test_chromium_renders_the_page_and_its_figures_without_script(sweep, tmp_pat
     found = re.search(r'<body data-images="([^"]*)"', dom)
     assert found, dom[:2000]
     images = [tuple(map(int, s.split(","))) for s in found.group(1).split()]
-    assert len(images) == 2 and all(w > 100 and h > 100 for w, h, *_ in images), images
+    assert len(images) == 3 and all(w > 100 and h > 100 for w, h, *_ in images), images
     assert "gap at train length" in dom and "alibi" in dom
 
     # the page as it is, no script: a screenshot that shows the first figure where it lies

@@ -30,7 +30,7 @@ from posbench.core.io import write_text
 from posbench import evaluations
 from posbench.evaluations import retrieval
 from posbench.reports.html import PAGE, write_html
-from posbench.reports import by_size, paired, tuning
+from posbench.reports import by_size, paired, position_frequency, tuning
 from posbench.core.parity import UNDER_TRAINED, Gap, parity_gaps
 from posbench.runs.extend import plot_sweep
 from posbench.core.plots import METRICS, plot_curves
@@ -444,6 +444,14 @@ def write_report(root: Path, only: Optional[str] = None) -> Dict[str, dict]:
         lines += ["", "Failed, interrupted or refused runs:", ""] + [
             f"- {r['_dir']} ({r.get('status')}): {r.get('error', r.get('status'))}"
             for r in failed]
+    # STRING's f(i) of each trained group's training, beside its perplexity curve
+    frequency_drawn, left_out = position_frequency.write(
+        root, {label: runs[0] for label, runs in groups.items() if label not in base_of},
+        {label: {n: s["mean"] for n, s in by_length.items()}
+         for label, by_length in tables.get("ppl", {}).items()})
+    if left_out:
+        lines += ["", f"Position frequency f(i) ({position_frequency.PLOT}) not drawn for:", "",
+                  *left_out]
     write_text(root / "summary.md", "\n".join(lines) + "\n")
 
     for metric, table in tables.items():
@@ -465,6 +473,8 @@ def write_report(root: Path, only: Optional[str] = None) -> Dict[str, dict]:
                     metric=metric, gaps=gaps if metric == "ppl" else None, base_of=base_of,
                     seeds=each_seed)
     plots = [f"{m}_vs_length.png" for m in tables] + ["by_size.png"] * bool(size_lines)
+    if frequency_drawn:
+        plots.append(position_frequency.PLOT)
     if retrieval.plot_grid(members, member_labels, root / "retrieval_grid.png"):
         plots.append("retrieval_grid.png")
     if plot_sweep(members, member_labels, root / "eval_vs_step.png"):
