@@ -19,6 +19,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 from posbench import evaluations
 from posbench.attention.paths import ATTN_GATES
 from posbench.data import check_dataset
+from posbench.data import dataset_class
 from posbench.data import registry as dataset_registry
 from posbench.core.errors import ConfigError, did_you_mean, require, require_positive
 from posbench.evaluations import EvalConfig
@@ -122,6 +123,15 @@ class TrainConfig:
     budget: str = "tokens"
     budget_reference: str = "rope"
     budget_seconds: Optional[float] = None
+    # a short-to-long attention window (posbench/runs/lengths.py): none, or skyladder (Zhu et al.
+    # 2025): windows of min(L, length_start + floor(step / length_every)) tokens, SkyLadder's
+    # reference defaults (32 tokens, one more every 8 steps: its alpha = 1/8)
+    length_schedule: str = "none"
+    length_start: int = 32
+    length_every: int = 8
+    # rows of whole documents back to back, attention and positions restarting at each
+    # document's start (text corpora; posbench/data/tokens.py: TokenData.document_batch)
+    pack_documents: bool = False
 
 
 @dataclass
@@ -153,6 +163,9 @@ ROPE_REMAPS = ROPE_SCALINGS[6:]  # of relative distances, not of frequencies
 TRAIN_ROPE_SCALINGS = ("none", "pi", "ntk", "yarn", "llama3")
 RANDOMIZED_POSITIONS = ("random", "plain")
 BUDGETS = ("tokens", "flops", "wallclock")  # train.budget
+SCHEDULES = ("none", "skyladder")  # train.length_schedule
+# the temperatures that count a query's keys by its sequence index, not by its document's
+INDEX_TEMPERATURES = ("ssmax", "llama4_floorlog")
 DEVICES = ("auto", "cpu", "cuda")
 LOGGERS = ("none", "wandb")
 LOGGER_MODES = ("offline", "online", "disabled")
@@ -400,6 +413,40 @@ def _check_budget(t) -> None:
             "fraction of train.steps)")
 
 
+def _check_lengths(cfg) -> None:
+    """train.length_schedule and train.pack_documents (posbench/runs/lengths.py); an encoding
+    that cannot read packed documents refuses them in its own check."""
+    t = cfg.train
+    schedule = t.get("length_schedule", "none")  # absent from runs saved before it existed
+    require(schedule in SCHEDULES, "train.length_schedule", schedule,
+            f"one of {SCHEDULES}{did_you_mean(schedule, SCHEDULES)}")
+    if schedule != "none":
+        require(isinstance(t.length_start, int) and 1 <= t.length_start <= t.seq_len,
+                "train.length_start", t.length_start,
+                f"a first window of 1 to train.seq_len={t.seq_len} tokens")
+        require(t.length_every >= 1, "train.length_every", t.length_every,
+                "an integer >= 1 (steps per token the window grows)")
+    if not t.get("pack_documents", False):
+        return
+    require(dataset_class(cfg.dataset).text, "train.pack_documents", True,
+            f"false with dataset={cfg.dataset.name}: a task's instances are not documents")
+    for key in ("pose_span", "retrieval_mix", "ruler_mix"):
+        require(not t.get(key), f"train.{key}", t.get(key),
+                f"{'null' if key == 'pose_span' else 0} with train.pack_documents=true (it sets "
+                f"{'the positions' if key == 'pose_span' else 'whole rows'} itself)")
+    # a `layers` pattern's own spans and temperatures, and the model's
+    for node, prefix in ((cfg.encoding, "encoding"), (cfg.model, "model")):
+        spans, temperatures = node.get("attention") or [], node.get("temperature") or []
+        spans, temperatures = (v if isinstance(v, str) else list(v) for v in (spans, temperatures))
+        require("chunked" not in spans, f"{prefix}.attention", spans,
+                "global or sliding with train.pack_documents=true: chunks count from the row's "
+                "start, not from each document's")
+        for kind in INDEX_TEMPERATURES:
+            require(kind not in temperatures, f"{prefix}.temperature", temperatures,
+                    "none, logn, yarn or drope_beta with train.pack_documents=true: "
+                    f"{kind} counts a query's keys by its index in the row, not in its document")
+
+
 def _check_switch(cfg) -> None:
     from posbench.encodings.base import registry
 
@@ -515,6 +562,7 @@ def check(cfg: DictConfig) -> None:
     _check_temperature(cfg)
     _check_switch(cfg)
     _check_budget(cfg.train)
+    _check_lengths(cfg)
     require(cfg.device in DEVICES, "device", cfg.device, f"one of {DEVICES}")
     require(cfg.logger.name in LOGGERS, "logger.name", cfg.logger.name, f"one of {LOGGERS}")
     require(cfg.logger.mode in LOGGER_MODES, "logger.mode", cfg.logger.mode, f"one of {LOGGER_MODES}")

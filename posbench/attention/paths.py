@@ -23,7 +23,9 @@
 Each layer's span (posbench/attention/span.py) masks the keys outside it with the causal mask:
 FlexAttention's block mask on CUDA (also without a score_mod), and on CPU blocks that take only the
 keys in reach, so memory is bounded by the span's width (a lambda span's sinks lie at the start:
-its blocks take the keys from there, as a global span's do).
+its blocks take the keys from there, as a global span's do). A span cut into segments (training's
+documents and windows) takes FlexAttention with a block mask per sequence on CUDA and the
+blockwise path on CPU, with or without hooks.
 
 Two options of every layer act on every path (model.attn_gate, model.attn_sinks):
 - a learned sink logit s_h per head joins each row's softmax denominator and adds no value:
@@ -52,7 +54,7 @@ from posbench.attention.lag_bias import (decay_attention, factored_bias_attentio
                                          lag_bias_attention, lag_is_index_difference,
                                          lag_rows_attention, lag_table)
 from posbench.attention.decoupled_rope import DecoupledRoPE
-from posbench.attention.span import GLOBAL, Span
+from posbench.attention.span import GLOBAL, Segmented, Span
 from posbench.attention.temperature import Temperature
 
 # score elements per block: bounds the memory of the blockwise path (64 MiB of fp32 per tensor)
@@ -105,11 +107,14 @@ class CausalSelfAttention(nn.Module):
         self.decoupled = (DecoupledRoPE(d_model, n_head, options.rope_dim) if options.rope_dim
                           else None)
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor, encoding) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, encoding,
+                segments: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """`segments` (B, T): attention within each segment of the sequence as well (training's
+        documents and windows, posbench/attention/span.py: Segmented), or None."""
         B, T, C = x.shape
         q, k, v = self.heads(x, pos, encoding)
-        y = attend(q, k, v, pos, *encoding.at_layer(self.layer), x, span=self.span,
-                   sinks=self.sinks)
+        span = self.span if segments is None else Segmented(self.span, segments)
+        y = attend(q, k, v, pos, *encoding.at_layer(self.layer), x, span=span, sinks=self.sinks)
         if self.gate is not None:  # (B, T, H or C) -> (B, H, T, 1 or d), each head's own
             y = y * torch.sigmoid(self.gate(x)).view(B, T, self.n_head, -1).transpose(1, 2)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
@@ -482,10 +487,12 @@ def flex_attention(q, k, v, score_mod, span: Span = GLOBAL, sinks=None):
     T = q.shape[2]
     lse = {} if sinks is None else _lse_request()
     if torch.compiler.is_compiling():  # in train.compile's graph: traced into it, no caches
-        mask = create_block_mask(span.mask_mod(), None, None, T, T, device=q.device)
+        mask = create_block_mask(span.mask_mod(), span.rows, None, T, T, device=q.device)
         out = flex(q, k, v, score_mod=score_mod, block_mask=mask, **lse)
     else:
-        mask = _block_mask(T, str(q.device), span)
+        # a segmented span's mask is the batch's own: built for each call
+        mask = (_block_mask(T, str(q.device), span) if span.rows is None else
+                _compiled_block_mask()(span.mask_mod(), span.rows, None, T, T, device=q.device))
         # one compile per (batch, length, grad mode): a study has more shapes than dynamo's
         # default limit of 8, past which FlexAttention runs unfused and forms the whole scores
         with torch._dynamo.config.patch(recompile_limit=FLEX_SHAPES):

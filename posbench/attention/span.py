@@ -11,6 +11,10 @@
 
 i and j are sequence indices, never position ids, as for the causal mask: a span is the same for
 every encoding and every position offset.
+
+In training, a sequence may be cut into segments (train.pack_documents' documents,
+train.length_schedule's windows; posbench/runs/lengths.py): `Segmented` narrows a layer's span to
+the keys of the query's own segment.
 """
 from __future__ import annotations
 
@@ -89,8 +93,53 @@ class Span:
         """FlexAttention's mask_mod (a plain function: it counts the arguments)."""
         return lambda b, h, q_idx, kv_idx: self.visible(q_idx, kv_idx)
 
+    # FlexAttention's block mask: one for the whole batch (None), cached by the span
+    rows = None
+
 
 GLOBAL = Span()
+
+
+@dataclass(frozen=True, eq=False)
+class Segmented:
+    """`span` within segments: query i of sequence b sees key j where the span shows it and
+    segments[b, i] == segments[b, j]. segments (B, T) long, nondecreasing along each row. It
+    keeps the span's bounds on which keys a block of queries needs (a segment only hides more),
+    and is never global: the paths that assume the causal prefix do not take it."""
+    span: Span
+    segments: torch.Tensor
+
+    is_global = False
+
+    @property
+    def bounded(self) -> bool:
+        return self.span.bounded
+
+    @property
+    def width(self) -> Optional[int]:
+        return self.span.width
+
+    @property
+    def rows(self) -> int:  # a block mask per sequence
+        return self.segments.shape[0]
+
+    def first_key(self, q: int) -> int:
+        return self.span.first_key(q)
+
+    def visible(self, q_idx, kv_idx):
+        """On the blockwise path's index tensors (1, 1, Tq, 1) and (1, 1, 1, Tk): (B, 1, Tq, Tk)."""
+        B = self.segments.shape[0]
+        same = (self.segments[:, q_idx.reshape(-1)].view(B, 1, -1, 1)
+                == self.segments[:, kv_idx.reshape(-1)].view(B, 1, 1, -1))
+        return self.span.visible(q_idx, kv_idx) & same
+
+    def hidden(self, q_idx, kv_idx):
+        return ~self.visible(q_idx, kv_idx)
+
+    def mask_mod(self):
+        segments, span = self.segments, self.span
+        return lambda b, h, q_idx, kv_idx: (span.visible(q_idx, kv_idx)
+                                            & (segments[b, q_idx] == segments[b, kv_idx]))
 
 
 def lambda_span(train_len: int, sinks: Optional[int] = None,

@@ -69,6 +69,32 @@ class TokenData:
             y[:, 0] = IGNORE  # the prediction made at BOS
         return x, y
 
+    def document_batch(self, seq_len: int, batch_size: int, seed: int, step: int):
+        """Batch `step` under train.pack_documents: rows of seq_len + 1 tokens of the training
+        documents back to back, from offsets uniform over them, a function of (seed, step) alone.
+        Returns x, y, pos and segments, each (batch_size, seq_len): the pieces of documents in a
+        row are its segments, numbered from 0, and a piece's positions restart at 0, so that
+        each piece is read as it would be alone; a target that starts the next piece is IGNORE
+        (nothing is predicted across a document's start). Under dataset.bos each piece's first
+        token is BOS, the prediction made at it not trained."""
+        rng = np.random.default_rng([seed, step])
+        first, end = int(self.train_docs[0]), int(self.train_docs[-1])
+        starts = first + rng.integers(0, end - first - seq_len, size=batch_size)
+        index = starts[:, None] + np.arange(seq_len + 1)
+        rows = self.tokens[index].astype(np.int64)
+        doc = np.searchsorted(self.train_docs, index, side="right") - 1
+        begins = np.ones_like(index, dtype=bool)
+        begins[:, 1:] = doc[:, 1:] != doc[:, :-1]
+        pos = index - np.maximum(self.train_docs[doc], starts[:, None])
+        if self.bos is not None:
+            rows[begins] = self.bos
+        y = rows[:, 1:].copy()
+        y[begins[:, 1:]] = IGNORE
+        if self.bos is not None:
+            y[begins[:, :-1]] = IGNORE
+        return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in
+                     (rows[:, :-1], y, pos[:, :-1], (doc - doc[:, :1])[:, :-1]))
+
     def eval_plan(self, length: int, eval_cfg, protocol) -> EvalPlan:
         """The validation windows the protocol (posbench/evaluations/perplexity.py) starts at,
         scored from its stride's position on."""

@@ -47,6 +47,10 @@ class Integer(PositionalEncoding):
         if cfg.norm_by == "L" and run_cfg.train.seq_len < 2:
             raise ConfigError(f"train.seq_len={run_cfg.train.seq_len} is not accepted with "
                               "encoding.norm_by=L; expected >= 2 (PE divides by L - 1)")
+        if cfg.norm_by == "n" and run_cfg.train.get("pack_documents", False):
+            raise ConfigError("train.pack_documents=True is not accepted with encoding.norm_by=n; "
+                              "expected false: t / (n - 1) divides by the row's length, not the "
+                              "document's")
 
     def __init__(self, cfg, dims):
         super().__init__(cfg, dims)

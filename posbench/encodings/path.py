@@ -73,6 +73,9 @@ class PaTH(PositionalEncoding):
         require(cfg.w_rank >= 1, "encoding.w_rank", cfg.w_rank, "an integer >= 1")
         require(cfg.conv_size >= 1, "encoding.conv_size", cfg.conv_size, "an integer >= 1")
         require(cfg.init_std >= 0, "encoding.init_std", cfg.init_std, "a number >= 0")
+        require(not run_cfg.train.get("pack_documents", False), "train.pack_documents", True,
+                f"false for encoding={cfg.name}: its short convolution reads the tokens before "
+                "each one, across a document's start")
 
     def __init__(self, cfg, dims):
         super().__init__(cfg, dims)

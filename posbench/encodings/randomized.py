@@ -69,6 +69,10 @@ class Randomized(PositionalEncoding):
         if cfg.max_len < run_cfg.train.seq_len:
             raise ConfigError(f"encoding.max_len={cfg.max_len} is not accepted; expected >= "
                               f"train.seq_len={run_cfg.train.seq_len} (n distinct draws from M)")
+        if run_cfg.train.get("pack_documents", False):
+            raise ConfigError("train.pack_documents=True is not accepted; expected false for "
+                              "encoding=randomized: its training positions are one sorted draw "
+                              "per row, not per document")
         base = entries[cfg.base]
         if run_cfg.eval.rope_scaling != "none" and not base.cls.rotary:
             raise ConfigError(f"eval.rope_scaling={run_cfg.eval.rope_scaling!r} is not accepted; "

@@ -88,6 +88,9 @@ class SelectiveRoPE(PositionalEncoding):
         require(cfg.conv_activation in ACTIVATIONS, "encoding.conv_activation",
                 cfg.conv_activation, "silu or none")
         require(cfg.init_std >= 0, "encoding.init_std", cfg.init_std, "a number >= 0")
+        require(not run_cfg.train.get("pack_documents", False), "train.pack_documents", True,
+                f"false for encoding={cfg.name}: its causal convolution reads the tokens before "
+                "each one, across a document's start")
         head_dim = run_cfg.model.d_model // run_cfg.model.n_head
         require(head_dim % 2 == 0, "model.d_model/model.n_head", head_dim,
                 "an even head dimension (rotary pairs)")

@@ -39,8 +39,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(d_model)
         self.mlp = MLP(d_model, mlp_ratio)
 
-    def forward(self, x, pos, encoding):
-        x = x + self.attn(self.ln_1(x), pos, encoding)
+    def forward(self, x, pos, encoding, segments=None):
+        x = x + self.attn(self.ln_1(x), pos, encoding, segments)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -69,8 +69,10 @@ class GPT(nn.Module):
             # gpt-oss's sinks as Hugging Face initializes them: N(0, initializer_range^2)
             nn.init.normal_(module.sinks, 0.0, 0.02)
 
-    def hidden(self, idx: torch.Tensor, pos: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Final hidden states (B, T, D), before the output head."""
+    def hidden(self, idx: torch.Tensor, pos: Optional[torch.Tensor] = None,
+               segments: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Final hidden states (B, T, D), before the output head; `segments` (B, T): attention
+        within each segment too (posbench/attention/span.py: Segmented)."""
         pos = positions_for(idx, pos)
         enc = self.encoding
         if enc.positions is not None:
@@ -80,21 +82,24 @@ class GPT(nn.Module):
             layer_enc, layer = enc.at_layer(i)
             if layer_enc.embed is not None:
                 x = layer_enc.embed(x, pos, layer)
-            x = block(x, pos, enc)
+            x = block(x, pos, enc, segments)
         return self.ln_f(x)
 
     def forward(self, idx: torch.Tensor, pos: Optional[torch.Tensor] = None,
-                targets: Optional[torch.Tensor] = None) -> torch.Tensor:
+                targets: Optional[torch.Tensor] = None,
+                segments: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Logits (B, T, V). `pos`: optional (T,) or (B, T) position ids, default 0..T-1. With
-        `targets` (B, T), the per-token losses instead (what training and DDP call)."""
+        `targets` (B, T), the per-token losses instead (what training and DDP call).
+        `segments` (B, T): training's documents or windows, attended within (None: none)."""
         if targets is not None:
-            return self.token_losses(idx, targets, pos)
-        return self.head(self.hidden(idx, pos))
+            return self.token_losses(idx, targets, pos, segments)
+        return self.head(self.hidden(idx, pos, segments))
 
-    def token_losses(self, idx, targets, pos=None, chunk: int = 4096) -> torch.Tensor:
+    def token_losses(self, idx, targets, pos=None, segments=None,
+                     chunk: int = 4096) -> torch.Tensor:
         """Per-token cross-entropy in nats (B, T), computed in chunks of the sequence so that
         the (B, T, V) logits never exist at once at long lengths."""
-        h = self.hidden(idx, pos)
+        h = self.hidden(idx, pos, segments)
         # (tokens, V) rows: cross_entropy's fast path, where (B, V, T) takes the 2-d one, 4x slower
         losses = [F.cross_entropy(self.head(h[:, s:s + chunk]).float().flatten(0, 1),
                                   targets[:, s:s + chunk].flatten(), reduction="none")

@@ -24,6 +24,7 @@ from posbench.data.windows import IGNORE
 from posbench.core.device import allow_tf32, autocast, rng_state, set_rng_state
 from posbench.evaluations.base import set_eval_options
 from posbench.runs.extend import curve_for, pose_positions
+from posbench.runs.lengths import training_batch
 from posbench.core.progress import Bar
 from posbench.runs.trainlog import LOSS_PLOT, METRICS, MetricsLog, plot_losses
 from posbench.core.version import __version__
@@ -117,14 +118,15 @@ class LossWindow:
 
 
 def train_step(model, step_fn, optimizer, x, y, lr: float, grad_clip: float,
-               pos: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """One optimizer step at learning rate lr (positions `pos`, default 0..T-1); the loss of
-    the global batch, on the device."""
+               pos: Optional[torch.Tensor] = None,
+               segments: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """One optimizer step at learning rate lr (positions `pos`, default 0..T-1; attention within
+    `segments`, posbench/runs/lengths.py); the loss of the global batch, on the device."""
     for group in optimizer.param_groups:
         group["lr"] = lr * group.get("lr_mult", 1.0)
     with autocast(x.device):
         # mean over trained targets (tasks mark the others IGNORE; text trains on all)
-        loss = step_fn(x, pos=pos, targets=y).sum() / (y != IGNORE).sum()
+        loss = step_fn(x, pos=pos, targets=y, segments=segments).sum() / (y != IGNORE).sum()
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
@@ -183,15 +185,16 @@ def fit(cfg: DictConfig, start, run_dir: Path, logger,
     prepare_training(model, t)
     step = progress.first
     while not budget.spent(step, spent()):
-        x, y = (distributed.shard(z).to(device, non_blocking=True) for z in
-                data.train_batch(t.seq_len, t.batch_size, cfg.seed, step, start.plant))
-        pos = (distributed.shard(pose_positions(cfg.seed, step, t.batch_size, t.seq_len,
-                                                t.pose_span)).to(device)
-               if t.get("pose_span") else None)
+        x, y, pos, segments = (None if z is None else
+                               distributed.shard(z).to(device, non_blocking=True)
+                               for z in training_batch(data, cfg, step, start.plant))
+        if t.get("pose_span"):
+            pos = distributed.shard(pose_positions(cfg.seed, step, t.batch_size, t.seq_len,
+                                                   t.pose_span)).to(device)
         lr = (lr_at(step, budget.schedule) if budget.seconds is None
               else lr_at_fraction(spent() / budget.seconds, t))
         model.encoding.at_step(step)  # a schedule's encoding for this step (train.switch_*)
-        window.add(train_step(model, step_fn, optimizer, x, y, lr, t.grad_clip, pos))
+        window.add(train_step(model, step_fn, optimizer, x, y, lr, t.grad_clip, pos, segments))
         done = step + 1
         log.step()
         last = budget.spent(done, spent())
