@@ -5,6 +5,7 @@ CLI, judged again with --report and skipped when run again."""
 import json
 import re
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from helpers import posbench_cli, run_in_process
 from posbench.reproduce import (NOT_COMPARABLE, NOT_REPRODUCED, REPRODUCED, VERDICTS, Measured,
                                 registry)
 from posbench.reproduce.command import parse, sweep_overrides
+from posbench.reproduce.judge import judge
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "reproduce.md"
 ENTRIES = ("alibi_table2", "alibi_table2_cpu", "barbero2024", "gelberg2025",
@@ -242,6 +244,31 @@ def test_report_judges_the_finished_runs_again_and_a_second_run_skips_them(repro
     again = posbench_cli(*args, cwd=cwd)
     assert again.stdout.count("posbench: skipped") == 2
     assert {p: p.stat().st_mtime_ns for p in results} == before
+
+
+def test_an_entry_without_re_scored_rows_judges_as_before_beside_a_re_score(reproduced, tmp_path):
+    _, sweep, _, _ = reproduced
+    copy = tmp_path / "sweep"
+    shutil.copytree(sweep, copy)
+    entry = registry()["alibi_table2_cpu"].cls
+
+    def judged():
+        record = judge(entry, copy)
+        return {k: v for k, v in record.items() if k != "judged_at"}, \
+            (copy / "reproduction.md").read_text()
+
+    before = judged()
+    # `posbench eval RUN eval.rope_scaling=yarn` beside RoPE's results.json, 10 times worse
+    run = next(p.parent for p in copy.glob("*/results.json")
+               if json.loads(p.read_text())["encoding"] == "rope")
+    rescore = json.loads((run / "results.json").read_text())
+    rescore["config"]["eval"]["rope_scaling"] = "yarn"
+    rescore["rescore"] = {"tag": "rope_scaling-yarn", "label": "rope_scaling=yarn",
+                          "changes": {"eval.rope_scaling": "yarn"}}
+    for point in rescore["eval"]["curve"]:
+        point["ppl"] *= 10
+    (run / "results.eval-rope_scaling-yarn.json").write_text(json.dumps(rescore))
+    assert judged() == before
 
 
 def refused(argv, monkeypatch, capsys, cwd):

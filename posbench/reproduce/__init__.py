@@ -5,15 +5,15 @@ here, so a new file registers its entry by being there; nothing else changes."""
 import importlib
 import pkgutil
 
-from posbench.reproduce.base import Reproduction, Sweep, register, registry
+from posbench.reproduce.base import Reproduction, Rescore, Sweep, register, registry
 from posbench.reproduce.claims import (NOT_COMPARABLE, NOT_REPRODUCED, REPRODUCED, VERDICTS,
                                        Measured)
 
-MACHINERY = ("base", "claims", "judge", "command")
+MACHINERY = ("base", "claims", "judge", "command", "rescores")
 
 for _module in pkgutil.iter_modules(__path__):
     if _module.name not in MACHINERY and not _module.name.startswith("_"):
         importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["Measured", "NOT_COMPARABLE", "NOT_REPRODUCED", "REPRODUCED", "Reproduction", "Sweep",
-           "VERDICTS", "register", "registry"]
+__all__ = ["Measured", "NOT_COMPARABLE", "NOT_REPRODUCED", "REPRODUCED", "Reproduction", "Rescore",
+           "Sweep", "VERDICTS", "register", "registry"]

@@ -18,12 +18,18 @@ in this package, registered as encodings and evaluations are:
         source = "where the numbers were read"
         claims = (OrderPast(...), ...)       # posbench/reproduce/claims.py
         cost = "declared wall time"
+        rescored = {"rope_pi": Rescore("rope", ("eval.rope_scaling=pi",))}   # optional
 
 A run belongs to the group `group_of(record)` names: its encoding, unless the entry compares runs
 of one encoding under different settings (RoPE at two bases) and says which. axis "score": the
 published columns are named scores of each group (a mean reciprocal rank), not lengths or sizes;
 such an entry's groups are `<task>/<encoding>`, its published scores are by encoding, and it
 measures by length and writes its own tables (`tables`).
+
+A row in `rescored` is not trained: it is another row's finished runs scored again with eval
+overrides (`posbench eval RUN_DIR overrides`, results.eval-<tag>.json beside each run's
+results.json), which `posbench reproduce` runs after the sweep and the judge reads as its runs
+(posbench/reproduce/rescores.py).
 
 check() holds an entry to this contract; tests/test_reproduce.py calls it for every entry.
 """
@@ -57,6 +63,13 @@ class Sweep:
     overrides: Tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class Rescore:
+    """A row that is the finished runs of row `of` scored again with `overrides` (eval keys)."""
+    of: str
+    overrides: Tuple[str, ...]
+
+
 def size_value(label: str) -> float:
     """'125M' -> 1.25e8, '1.3B' -> 1.3e9."""
     found = re.fullmatch(r"([\d.]+)([KMB])", label)
@@ -83,6 +96,7 @@ class Reproduction:
     source: ClassVar[str]
     claims: ClassVar[Tuple[Claim, ...]]
     cost: ClassVar[str]
+    rescored: ClassVar[Dict[str, Rescore]] = {}  # row -> the re-score of another row it is
 
     @classmethod
     def at_paper_scale(cls) -> bool:
@@ -208,6 +222,14 @@ class Reproduction:
         rows = ({g.rpartition("/")[2] for g in cls.groups} if cls.axis == "score"
                 else set(cls.groups))
         assert set(cls.published) <= rows, f"{named}: published groups not compared"
+        for row, rescore in cls.rescored.items():
+            assert isinstance(rescore, Rescore), f"{named}: rescored {row!r} is not a Rescore"
+            assert row in rows and rescore.of in rows and rescore.of not in cls.rescored, \
+                f"{named}: rescored {row!r} and its source {rescore.of!r} are compared rows, " \
+                "the source a trained one"
+            assert rescore.overrides and all(o.startswith("eval.") and "=" in o
+                                             for o in rescore.overrides), \
+                f"{named}: rescored {row!r} changes eval keys only (eval.KEY=VALUE)"
         columns = [list(row) for row in cls.published.values()]
         assert columns and all(c == columns[0] for c in columns), \
             f"{named}: every published group has the same columns"

@@ -1,6 +1,7 @@
-"""`posbench reproduce`: --list, NAME [overrides] (a `posbench train -m` sweep, then its
-judgement), NAME --dry-run (the sweep's cost, nothing run), NAME --report DIR (judge finished
-runs again). Bad input is one line and exit 2, with nothing written."""
+"""`posbench reproduce`: --list, NAME [overrides] (a `posbench train -m` sweep, then the entry's
+re-scores of its finished runs, `posbench eval RUN_DIR overrides`, then its judgement), NAME
+--dry-run (the sweep's cost, nothing run), NAME --report DIR (judge finished runs again). Bad
+input is one line and exit 2, with nothing written."""
 from __future__ import annotations
 
 import re
@@ -13,7 +14,9 @@ from typing import List, Optional, Tuple
 from posbench.core.errors import ConfigError, did_you_mean
 from posbench.core.resolvers import override_key
 from posbench.reproduce.base import registry
+from posbench.reports.report import find_runs
 from posbench.reproduce.judge import check_owner, finished_records, judge
+from posbench.reproduce.rescores import dry_run_line, planned
 
 USAGE = ("posbench reproduce --list | NAME [overrides] [--dry-run] | NAME --report DIR")
 SWEEP_DIR = "hydra.sweep.dir"
@@ -82,6 +85,21 @@ def parse(rest: List[str]) -> Tuple[str, bool, Optional[str], List[str]]:
     return name, dry, report, overrides
 
 
+def rescore(entry, folder: Path) -> int:
+    """Each declared re-score of the finished runs in `folder` that is not there yet, one after
+    another, as `posbench eval RUN_DIR overrides` writes it; the worst exit status."""
+    code = 0
+    for wanted in planned(entry, find_runs(folder)[0]):
+        if wanted.found:
+            print(f"posbench: skipped `{wanted.command()}`: {wanted.found['_file']} holds this "
+                  f"re-score ({wanted.row})")
+            continue
+        print(f"posbench reproduce: {wanted.row}: `{wanted.command()}`", flush=True)
+        code = max(code, subprocess.call([*posbench_command(), "eval", wanted.run_dir,
+                                          *wanted.overrides]))
+    return code
+
+
 def needs_device(entry) -> None:
     if entry.device == "cuda":
         import torch
@@ -116,6 +134,8 @@ def reproduce(rest: List[str]) -> None:
     if dry:
         print(f"posbench reproduce {entry.name} --dry-run: `{shown}`")
         code = subprocess.call(argv + ["--dry-run"])
+        if entry.rescored and not code:
+            print(dry_run_line(entry, sweep))
         print(f"declared wall time: {entry.cost}")
         if code:
             sys.exit(code)
@@ -123,6 +143,8 @@ def reproduce(rest: List[str]) -> None:
     print(f"posbench reproduce {entry.name}: {entry.paper}, {entry.where}")
     print(f"posbench reproduce: `{shown}` (finished runs in {folder} are skipped)", flush=True)
     code = subprocess.call(argv)
+    if entry.rescored and folder.is_dir():
+        code = max(code, rescore(entry, folder))
     if folder.is_dir() and finished_records(folder):
         judge(entry, folder, flag=SWEEP_DIR)
     elif not code:

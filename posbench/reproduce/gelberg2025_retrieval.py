@@ -12,16 +12,19 @@ only. Which of RULER's three multi-key variants the paper's MK is could not be r
 takes niah_multikey_1 (4 needles of distinct word keys in essay text, one asked), the variant
 whose only change from a single needle is the other keys (_2 and _3 are haystacks made of
 needles). A retrieval score at 2L says nothing about length for a row that cannot retrieve at L:
-every claim first checks the exact match at L (claims.AheadAt, AccuracyIn)."""
+every claim first checks the exact match at L (claims.AheadAt, AccuracyIn). The three RoPE
+scalings are not trained: each is RoPE's finished runs scored again with eval.rope_scaling
+(`rescored`, posbench/reproduce/rescores.py)."""
 from __future__ import annotations
 
-from posbench.reproduce.base import Reproduction, Sweep, register, ruler_exact_match
+from posbench.reproduce.base import Reproduction, Rescore, Sweep, register, ruler_exact_match
 from posbench.reproduce.claims import AccuracyIn, AheadAt, Measured, task_group
 from posbench.reproduce.judge import task_tables
 
-# the paper's rows, in its order; the three scalings are RoPE's model scored with eval.rope_scaling
+# the paper's rows, in its order; the three scalings are RoPE's runs scored with eval.rope_scaling
+# at the dynamic factor s = max(1, n/L): s = 2 at 2L, RoPE's own model at L
 ROWS = ("rope", "rope_pi", "rope_ntk", "rope_yarn", "alibi", "nope", "rnope_swa", "drope")
-SCALINGS = ("rope_pi", "rope_ntk", "rope_yarn")
+SCALINGS = {"rope_pi": "pi", "rope_ntk": "ntk", "rope_yarn": "yarn"}
 NAMES = {"rope": "RoPE", "rope_pi": "RoPE + PI", "rope_ntk": "RoPE + NTK",
          "rope_yarn": "RoPE + YaRN", "alibi": "ALiBi", "nope": "NoPE", "rnope_swa": "RNoPE-SWA",
          "drope": "DroPE"}
@@ -78,6 +81,8 @@ class Gelberg2025Retrieval(Reproduction):
     paper_train_length = 1024
     sweep = Sweep(experiment="gelberg2025_retrieval")
     groups = each(ROWS)
+    rescored = {row: Rescore("rope", (f"eval.rope_scaling={scaling}",))
+                for row, scaling in SCALINGS.items()}
     # success rate (%) at 2x the training context, as the table prints it
     published = {"rope": {"MQ": 0.0, "MK": 0.0, "MV": 0.0},
                  "rope_pi": {"MQ": 0.0, "MK": 0.0, "MV": 0.0},
@@ -134,16 +139,16 @@ class Gelberg2025Retrieval(Reproduction):
                 group="drope", rivals=tuple(r for r in ROWS if r != "drope"), tasks=TASKS,
                 tie=True, learned=LEARNED),
     )
-    cost = ("24 jobs (8 rows x 3 seeds) of 6000 steps of 16 x 128 tokens, half of the rows "
-            "RULER instances, one per core. The four RoPE rows (rope, rope_pi, rope_ntk, "
-            "rope_yarn) train the same model seed for seed, only eval.rope_scaling differing: "
-            "9 of the 24 jobs repeat a training another job does (posbench scores one "
-            "eval.rope_scaling per run). A job takes 15-23 minutes on one core of the 2-core "
-            "x86-64 with other jobs running (RoPE's 6000-step ruler_mix run took 15.3; "
-            "`--dry-run` timed a step at 207-231 ms under load), its RULER scoring (3 tasks x 2 "
-            "lengths x 500 instances, and as many with the needles removed) under a minute: "
-            "6-9 hours of core time, 3-4.5 hours on two cores; resumable, finished jobs are "
-            "skipped; `seed=0` or `gelberg2025_retrieval=rope,drope` runs a part")
+    cost = ("15 trainings (5 trained rows x 3 seeds) of 6000 steps of 16 x 128 tokens, half of "
+            "the rows RULER instances, one per core, then 9 re-scores (rope_pi, rope_ntk, "
+            "rope_yarn: each of RoPE's 3 runs scored with eval.rope_scaling=pi, ntk, yarn, "
+            "`posbench eval RUN_DIR overrides`), one at a time. A training takes 15-23 minutes "
+            "on one core of the 2-core x86-64 with other jobs running (RoPE's 6000-step "
+            "ruler_mix run took 15.3; `--dry-run` timed a step at 207-231 ms under load); each "
+            "re-score, like each training's own scoring, is one RULER scoring (3 tasks x 2 "
+            "lengths x 500 instances, and as many with the needles removed), under a minute: "
+            "4-6 hours of core time, 2-3 hours on two cores; resumable, finished trainings and "
+            "re-scores are skipped; `seed=0` or `gelberg2025_retrieval=rope,drope` runs a part")
 
     @classmethod
     def group_of(cls, record: dict) -> str:

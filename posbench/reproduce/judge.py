@@ -1,8 +1,9 @@
 """Judge a reproduction's finished runs: the paper's numbers beside posbench's, each claim with
 its verdict, into reproduction.md and reproduction.json in the sweep dir (each written
 atomically), and the same table printed. The runs are read as `posbench report` reads them
-(posbench/reports/report.py: find_runs, aggregate); reproduction.json also marks the folder as the
-entry's, so that another entry's --report refuses it."""
+(posbench/reports/report.py: find_runs, aggregate), with an entry's declared re-scores as the runs
+of its re-scored rows (posbench/reproduce/rescores.py); reproduction.json also marks the folder as
+the entry's, so that another entry's --report refuses it."""
 from __future__ import annotations
 
 import json
@@ -15,6 +16,7 @@ from posbench.core.io import write_json, write_text
 from posbench.reports.report import find_runs
 from posbench.reports.by_size import size_label
 from posbench.reproduce.claims import VERDICTS, Claim, Measured, task_group, x_text
+from posbench.reproduce.rescores import judged, notes
 from posbench.runs.results import RESULTS
 from posbench.core.version import __version__
 
@@ -147,7 +149,10 @@ def paired_tables(entry, measured: Measured, train_len: int) -> List[str]:
 
 
 def render(entry, folder: Path, records: List[dict], measured: Measured,
-           verdicts: List[Tuple[Claim, str, str]], train_len: int) -> str:
+           verdicts: List[Tuple[Claim, str, str]], train_len: int,
+           rescore_notes: List[str]) -> str:
+    trained = sum(r["_file"] == RESULTS for r in records)
+    rescored = len(records) - trained
     seeds: Dict[str, int] = {}
     for record in records:
         group = entry.group_of(record)
@@ -158,9 +163,10 @@ def render(entry, folder: Path, records: List[dict], measured: Measured,
              f"{entry.paper}, {entry.where}.", "",
              f"- Setting: {entry.setting}; {scale.rstrip('.')}.",
              f"- Published numbers: {entry.source.rstrip('.')}.",
-             f"- Runs: {len(records)} finished in {folder} (runs per group: "
-             + ", ".join(f"{g} {n}" for g, n in sorted(seeds.items())) + ").", "",
-             "## Verdicts", "",
+             f"- Runs: {trained} finished" + (f" and {rescored} re-scores" if rescored else "")
+             + f" in {folder} (runs per group: "
+             + ", ".join(f"{g} {n}" for g, n in sorted(seeds.items())) + ").", *rescore_notes,
+             "", "## Verdicts", "",
              "| claim | verdict | measured |", "|---|---|---|"]
     lines += [f"| {claim.name} | {verdict} | {detail} |" for claim, verdict, detail in verdicts]
     lines += ["", "Each claim, its tolerance and why:", ""]
@@ -178,17 +184,20 @@ def judge(entry, folder: Path, flag: str = "--report") -> dict:
     if not folder.is_dir():
         raise ConfigError(f"{flag}={str(folder)!r} is not accepted; expected a folder of runs "
                           f"of `posbench reproduce {entry.name}`")
-    records = finished_records(folder)
-    if not records:
+    runs, _ = find_runs(folder)
+    trained = [r for r in runs if r["_file"] == RESULTS]
+    if not trained:
         raise ConfigError(f"{flag}={str(folder)!r} is not accepted: it holds no finished run "
                           f"({RESULTS} with status ok); expected a sweep dir of `posbench "
                           f"reproduce {entry.name}`")
-    check_owner(entry, folder, records, flag)
+    check_owner(entry, folder, trained, flag)
+    records, plan, left_out = judged(entry, runs)
     measured = entry.measure(records)
-    train_len = records[0]["train"]["seq_len"]
+    train_len = trained[0]["train"]["seq_len"]
     verdicts = [(claim, *claim.judge(measured)) for claim in entry.claims]
     assert all(v in VERDICTS for _, v, _ in verdicts), verdicts
-    text = render(entry, folder, records, measured, verdicts, train_len)
+    text = render(entry, folder, records, measured, verdicts, train_len,
+                  notes(plan, left_out, entry.name))
     record = {
         "entry": entry.name, "paper": entry.paper, "where": entry.where,
         "setting": entry.setting, "at_paper_scale": entry.at_paper_scale(),
@@ -200,12 +209,17 @@ def judge(entry, folder: Path, flag: str = "--report") -> dict:
                      for g, row in measured.values.items()},
         "pairs": {str(col): None if x is None else _key(x)
                   for col, x in entry.pairs(measured).items()},
-        "runs": [r["_dir"] for r in records],
+        "runs": [r["_dir"] for r in records if r["_file"] == RESULTS],
         "claims": [{"name": c.name, "statement": c.statement, "tolerance": c.tolerance,
                     "tolerance_text": c.tolerance_text(), "why": c.why, "verdict": verdict,
                     "detail": detail} for c, verdict, detail in verdicts],
         "version": __version__, "judged_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    if entry.rescored:
+        record["rescores"] = {"written": [f"{w.run_dir}/{w.found['_file']}" for w in plan
+                                          if w.found],
+                              "missing": [w.command() for w in plan if not w.found],
+                              "left_out": [r["_dir"] for r in left_out]}
     write_text(folder / REPORT_MD, text)
     write_json(folder / REPORT_JSON, record)
     print(text)
