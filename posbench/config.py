@@ -157,8 +157,10 @@ class Config:
 
 
 ROPE_SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn", "llama3", "rerope", "self_extend",
-                 "shifted_rope")
+                 "shifted_rope", "dca", "streaming_llm")
 ROPE_REMAPS = ROPE_SCALINGS[6:]  # of relative distances, not of frequencies
+# the remaps that read eval.rope_window (streaming_llm's window is eval.lambda_window)
+WINDOWED_REMAPS = ROPE_REMAPS[:-1]
 # train.rope_scaling, static or dynamic
 TRAIN_ROPE_SCALINGS = ("none", "pi", "ntk", "yarn", "llama3")
 RANDOMIZED_POSITIONS = ("random", "plain")
@@ -289,8 +291,8 @@ def _check_rope_remap(cfg) -> None:
     scaling = cfg.eval.rope_scaling
     window, shift = cfg.eval.get("rope_window"), cfg.eval.get("rope_shift")  # older runs lack them
     if window is not None:
-        require(scaling in ROPE_REMAPS, "eval.rope_window", window,
-                f"null unless eval.rope_scaling is one of {ROPE_REMAPS}")
+        require(scaling in WINDOWED_REMAPS, "eval.rope_window", window,
+                f"null unless eval.rope_scaling is one of {WINDOWED_REMAPS}")
         require_positive("eval.rope_window", window)
     if shift is not None:
         require(scaling == "shifted_rope", "eval.rope_shift", shift,

@@ -45,7 +45,7 @@ def oracle(attn, encoding, x, pos):
     q_idx, kv_idx = torch.arange(Tq).view(1, 1, -1, 1), torch.arange(Tq).view(1, 1, 1, -1)
     inputs = {"x": x} if enc.reads_input else {}
     if enc.remap is not None:
-        near_q, near_k, far_q, far_k, is_near = enc.remap(q, k, pos, layer)
+        near_q, near_k, far_q, far_k, is_near = enc.remap(q, k, pos, layer, attn.span)
         scores = torch.where(is_near(b, q_idx, kv_idx), near_q @ near_k.transpose(-2, -1),
                              far_q @ far_k.transpose(-2, -1)) / math.sqrt(near_q.shape[-1])
     else:

@@ -116,5 +116,6 @@ def test_defaults_and_refusals():
     assert cfg.encoding.base == 10000.0 and set(cfg.encoding) == {"name", "base"}
     with pytest.raises(posbench.ConfigError, match=r"^encoding.base=1.0 is not accepted; "):
         posbench.compose(["encoding=hope", "encoding.base=1"])
-    for scaling in ("pi", "ntk", "dynamic_ntk", "yarn", "rerope", "self_extend", "shifted_rope"):
+    for scaling in ("pi", "ntk", "dynamic_ntk", "yarn", "rerope", "self_extend", "shifted_rope",
+                    "dca"):
         posbench.compose(["encoding=hope", f"eval.rope_scaling={scaling}"])

@@ -347,7 +347,7 @@ def attention_probs(q, k, pos, encoding, layer, start=0, end=None, x=None, span:
     share."""
     end = q.shape[2] if end is None else end
     if encoding.remap is not None:
-        q, k, is_near = _remapped_heads(q, k, pos, encoding, layer)
+        q, k, is_near = _remapped_heads(q, k, pos, encoding, layer, span)
         b = torch.arange(q.shape[0], device=q.device).view(-1, 1, 1, 1)
         return _remap_probs(q[:, :, start:end], k[:, :, :end], start, b, is_near, span=span,
                             sinks=sinks)
@@ -363,7 +363,7 @@ def remapped_attention(q, k, v, pos, encoding, layer, span: Span = GLOBAL, sinks
     posbench/encodings/rope.py): the logit of query i and key j is near_q_i . near_k_j / sqrt(d)
     where is_near, else far_q_i . far_k_j / sqrt(d), exactly, from dense fp32 scores a block of
     query rows at a time (the blockwise path's memory bound), each query seeing its span."""
-    q2, k2, is_near = _remapped_heads(q, k, pos, encoding, layer)
+    q2, k2, is_near = _remapped_heads(q, k, pos, encoding, layer, span)
 
     def block(q, k, v, start, b, h, key_start=0):
         probs = _remap_probs(q, k, start, b, is_near, key_start, span, sinks)
@@ -372,10 +372,11 @@ def remapped_attention(q, k, v, pos, encoding, layer, span: Span = GLOBAL, sinks
     return by_row_blocks(q2, k2, v, block, span)
 
 
-def _remapped_heads(q, k, pos, encoding, layer):
+def _remapped_heads(q, k, pos, encoding, layer, span: Span):
     """The hook's near and far q (and k) side by side in the last dim, (B, H, T, 2d), so that
-    a block of rows slices both at once, and is_near."""
-    near_q, near_k, far_q, far_k, is_near = encoding.remap(q, k, pos, layer)
+    a block of rows slices both at once, and is_near. The hook reads the layer's span: a remap
+    may place keys by the cache the span keeps (StreamingLLM's)."""
+    near_q, near_k, far_q, far_k, is_near = encoding.remap(q, k, pos, layer, span)
     return torch.cat((near_q, far_q), -1), torch.cat((near_k, far_k), -1), is_near
 
 

@@ -40,11 +40,13 @@ and never branch on its name. A hook left as None does nothing:
                                          and nothing else; the CPU path at evaluation, where
                                          positions step by one, then scales q and k instead
                                          (posbench/attention/lag_bias.py)
-- remap(q, k, pos, layer) -> (near_q, near_k, far_q, far_k, is_near)
+- remap(q, k, pos, layer, span) -> (near_q, near_k, far_q, far_k, is_near)
                                          set only while an eval-time distance remap is (RoPE's
-                                         rerope, self_extend, shifted_rope), with rotate None:
-                                         the logit of query i and key j is near_q_i . near_k_j
-                                         where is_near(b, q_idx, kv_idx), else far_q_i . far_k_j
+                                         rerope, self_extend, shifted_rope, dca, streaming_llm),
+                                         with rotate None: the logit of query i and key j is
+                                         near_q_i . near_k_j where is_near(b, q_idx, kv_idx),
+                                         else far_q_i . far_k_j; `span` is the layer's
+                                         (posbench/attention/span.py)
 
 Beside the hooks, flops(batch, length, pairs) declares the encoding's own forward FLOPs
 (train.budget=flops counts them, posbench/runs/budget.py): over every layer, for `batch`
@@ -121,7 +123,7 @@ class PositionalEncoding(nn.Module):
     relative: ClassVar[bool] = True
     # accepts eval.rope_scaling
     rotary: ClassVar[bool] = False
-    # accepts its distance remaps too (rerope, self_extend, shifted_rope): the rotation is RoPE's
+    # accepts its distance remaps too (rerope, self_extend, ...): the rotation is RoPE's
     # at the position, so that a remapped lag has a rotation
     rope_remaps: ClassVar[bool] = False
     # logits at positions < m do not change when the sequence grows past m

@@ -5,18 +5,19 @@ length extensions of a trained RoPE model (docs/encodings.md#eval-time-options):
   scale s (RoPE.scale), static when eval.rope_scaling_factor is set, the same s at every
   evaluated length as the PI, NTK and YaRN papers evaluate; dynamic when it is null,
   s = max(1, n/L) from each evaluated length n and the training length L;
-- of its relative distances (ReRoPE, Self-Extend, ShifTed RoPE; REMAPS): keys near the query
-  keep RoPE's logit, the others get the logit of a remapped distance. The attention takes both
-  logits from the `remap` hook (posbench/attention/paths.py: remapped_attention), which replaces
-  `rotate` while a remap is set.
+- of its relative distances (ReRoPE, Self-Extend, ShifTed RoPE, Dual Chunk Attention,
+  StreamingLLM's cache positions; REMAPS): keys near the query keep RoPE's logit, the others get
+  the logit of a remapped distance. The attention takes both logits from the `remap` hook
+  (posbench/attention/paths.py: remapped_attention), which replaces `rotate` while a remap is set.
 """
 import math
 from dataclasses import dataclass
-from typing import NamedTuple, Optional, Tuple
+from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
 
 from posbench.attention.decoupled_rope import rotary_width
+from posbench.attention.span import GLOBAL, Span, lambda_span
 from posbench.core.errors import ConfigError, require
 from posbench.encodings.base import EncodingConfig, PositionalEncoding, register, relative_lag
 
@@ -98,27 +99,37 @@ def llama3_inv_freq(inv_freq: torch.Tensor, s: float, train_len: int,
 
 
 # eval.rope_scaling values that remap relative distances instead of scaling frequencies
-REMAPS = ("rerope", "self_extend", "shifted_rope")
+REMAPS = ("rerope", "self_extend", "shifted_rope", "dca", "streaming_llm")
 # defaults as fractions of the training length L, from each reference's own setting:
 RE_ROPE_WINDOW = 1 / 8  # bojone/rerope: window 512 at training_length 4096
 SELF_EXTEND_WINDOW = 1 / 4  # datamllab/LongLM: neighbour window 1024 for Llama-2 (L = 4096)
 STRING_SHIFT = 1 / 3  # HKUNLP/STRING: shifted_offset S = 0.33 L
 STRING_LOCAL = 1 / 16  # HKUNLP/STRING: local window W = 128, i.e. L/16 at a 2048-token L
+# HKUNLP/ChunkLlama chunkllama_attn_replace.py: chunk_size = 3/4 and local_window = 1/8 of the
+# pretraining length (replace_with_chunkllama); chunks of chunk_size - local_window tokens
+DCA_CHUNK = 3 / 4
+DCA_LOCAL = 1 / 8
 
 
 class Remap(NamedTuple):
     """A distance remap with its values filled in for training length L (remap_for). Query i and
-    key j at lag d = p_i - p_j keep RoPE's logit while d < `near`; beyond, the logit is RoPE's
-    between q rotated at far_positions' first and k at its second."""
+    key j keep RoPE's logit where near_keys says so; the others get RoPE's logit between q
+    rotated at far_positions' first and k at its second."""
     name: str
-    window: int  # ReRoPE's w, Self-Extend's neighbour window W, STRING's local window W
+    # ReRoPE's w, Self-Extend's neighbour window W, STRING's W, DCA's local window w; 0 for
+    # StreamingLLM, whose window is the span's
+    window: int
     shift: Optional[int]  # STRING's S; None for the others
     factor: Optional[float]  # ReRoPE's k (None: infinite), Self-Extend's G (None: dynamic)
     train_len: int
+    chunk: Optional[int] = None  # DCA's chunk size s (chunks of s - w tokens); None for the others
 
     @property
-    def near(self) -> int:
-        """Lags below it keep RoPE's logit: w, W, or STRING's S."""
+    def near(self) -> Optional[int]:
+        """Lags below it keep RoPE's logit: w, W, or STRING's S; None for DCA and StreamingLLM,
+        whose near keys are not the lags below one bound."""
+        if self.name in ("dca", "streaming_llm"):
+            return None
         return self.shift if self.name == "shifted_rope" else self.window
 
     def group(self, n: int) -> int:
@@ -128,10 +139,13 @@ class Remap(NamedTuple):
             return int(self.factor)
         return max(1, math.ceil((n - self.window) / (self.train_len - self.window)))
 
-    def far_positions(self, pos: torch.Tensor, n: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    def far_positions(self, pos: torch.Tensor, n: int,
+                      span: Span = GLOBAL) -> Tuple[torch.Tensor, torch.Tensor]:
         """Float64 positions (query's, key's) whose difference is the remapped lag of a far key:
         ReRoPE w (its leaky form w + (d - w)/k: q at (p + w(k - 1))/k, k at p/k); Self-Extend
-        floor(p_i/G) - floor(p_j/G) + W - W/G; STRING d - S + W."""
+        floor(p_i/G) - floor(p_j/G) + W - W/G; STRING d - S + W; DCA q at c + min(c - 1, w), k at
+        p mod c (c = s - w); StreamingLLM q at its place in the cache of `span`'s sinks and
+        window, p minus the tokens evicted before it, k at p."""
         p = pos.to(torch.float64)
         if self.name == "rerope":
             if self.factor is None:
@@ -142,13 +156,49 @@ class Remap(NamedTuple):
             g = self.group(n)
             grouped = torch.div(pos, g, rounding_mode="floor").to(torch.float64)
             return grouped + self.window - self.window / g, grouped
+        if self.name == "dca":
+            c = self.chunk - self.window
+            # ChunkLlama's inter-chunk query sits at qc_t[c - 1] = min(2c - 1, s); a successive
+            # chunk's query past the local window lands on the same clamp s
+            return torch.full_like(p, float(c + min(c - 1, self.window))), p.remainder(c)
+        if self.name == "streaming_llm":
+            if not span.sinks:  # a window alone: the cache's places keep every lag
+                return p, p
+            cache = span.sinks + span.width - 1  # the query's place once the cache is full
+            evicted = (torch.arange(pos.shape[-1], device=pos.device) - cache).clamp(min=0)
+            return p - evicted.to(torch.float64), p
         return p - self.shift + self.window, p
+
+    def near_keys(self, pos: torch.Tensor, span: Span = GLOBAL) -> Callable:
+        """is_near(b, q_idx, kv_idx): where the pair keeps RoPE's logit. DCA: key in the
+        query's chunk of c = s - w positions, or in the chunk before while the query is at most
+        w into its own (ChunkLlama's successive-chunk position t + c is then the true lag);
+        StreamingLLM: key in the span's window (sinks past it are far; a span without sinks
+        keeps every lag)."""
+        if self.name == "streaming_llm":
+            if not span.sinks:
+                return lambda b, q_idx, kv_idx: q_idx >= kv_idx
+            return lambda b, q_idx, kv_idx: q_idx - kv_idx < span.width
+        if self.name == "dca":
+            c, w = self.chunk - self.window, self.window
+            at = ((lambda b, idx: pos[0][idx]) if pos.stride(0) == 0 else
+                  (lambda b, idx: pos[b, idx]))
+
+            def is_near(b, q_idx, kv_idx):
+                p_i, p_j = at(b, q_idx), at(b, kv_idx)
+                step = (torch.div(p_i, c, rounding_mode="floor")
+                        - torch.div(p_j, c, rounding_mode="floor"))
+                return (step == 0) | ((step == 1) & (p_i.remainder(c) <= w))
+            return is_near
+        lag, near = relative_lag(pos), self.near
+        return lambda b, q_idx, kv_idx: lag(b, q_idx, kv_idx) < near
 
 
 def remap_for(rope_scaling: str, train_len: int, window: Optional[int] = None,
               shift: Optional[int] = None, factor: Optional[float] = None) -> Remap:
     """The remap `rope_scaling` (one of REMAPS) with eval.rope_window, eval.rope_shift and
-    eval.rope_scaling_factor, each null taking its default at training length train_len."""
+    eval.rope_scaling_factor, each null taking its default at training length train_len.
+    StreamingLLM reads its sinks and window from the attention's span when it is applied."""
     def default(fraction: float, at_least: int = 1) -> int:
         return max(at_least, round(fraction * train_len))
 
@@ -157,20 +207,32 @@ def remap_for(rope_scaling: str, train_len: int, window: Optional[int] = None,
     if rope_scaling == "self_extend":
         return Remap("self_extend", window or default(SELF_EXTEND_WINDOW), None, factor,
                      train_len)
+    if rope_scaling == "dca":
+        return Remap("dca", window or default(DCA_LOCAL), None, None, train_len,
+                     chunk=default(DCA_CHUNK, 2))
+    if rope_scaling == "streaming_llm":
+        return Remap("streaming_llm", 0, None, None, train_len)
     return Remap("shifted_rope", window or default(STRING_LOCAL), shift or default(STRING_SHIFT, 2),
                  None, train_len)
 
 
 def remap_record(eval_cfg, train_len: int) -> Optional[dict]:
     """The remap in effect for results.json, defaults filled in: near (lags below it keep RoPE's
-    logit), window, shift and factor (null: ReRoPE's infinite k, Self-Extend's dynamic G); None
-    without a remap."""
+    logit; StreamingLLM's: the lambda window, whose keys keep it), window, shift and factor
+    (null: ReRoPE's infinite k, Self-Extend's dynamic G), and DCA's chunk size; None without a
+    remap."""
     if eval_cfg.rope_scaling not in REMAPS:
         return None
     remap = remap_for(eval_cfg.rope_scaling, train_len, eval_cfg.get("rope_window"),
                       eval_cfg.get("rope_shift"), eval_cfg.get("rope_scaling_factor"))
-    return {"near": remap.near, "window": remap.window, "shift": remap.shift,
-            "factor": remap.factor}
+    record = {"near": remap.near, "window": remap.window, "shift": remap.shift,
+              "factor": remap.factor}
+    if remap.name == "dca":
+        record["chunk"] = remap.chunk
+    if remap.name == "streaming_llm":
+        span = lambda_span(train_len, eval_cfg.get("lambda_sinks"), eval_cfg.get("lambda_window"))
+        record.update(near=span.width, window=None)
+    return record
 
 
 def check_remap(eval_cfg, train_len: int) -> None:
@@ -190,6 +252,21 @@ def check_remap(eval_cfg, train_len: int) -> None:
         require(factor is None or float(factor).is_integer(), "eval.rope_scaling_factor", factor,
                 "an integer group size G >= 2 for self_extend, or null (the smallest G that fits "
                 "each length)")
+    elif remap.name in ("dca", "streaming_llm"):
+        factor = eval_cfg.get("rope_scaling_factor")
+        require(factor is None, "eval.rope_scaling_factor", factor,
+                f"null for {remap.name} (it moves positions, it does not scale them)")
+        if remap.name == "dca":
+            require(remap.window < remap.chunk, key, remap.window,
+                    f"a local window below DCA's chunk size {remap.chunk} (3/4 of train.seq_len="
+                    f"{train_len}; its chunks hold chunk size - local window tokens)")
+        else:
+            require(eval_cfg.get("attention", "global") == "lambda", "eval.rope_scaling",
+                    "streaming_llm", "it with eval.attention=lambda (it gives the lambda mask's "
+                    "keys their places in StreamingLLM's cache of sinks and window)")
+            require(eval_cfg.get("lambda_sinks") != 0, "eval.lambda_sinks", 0,
+                    "at least 1 with eval.rope_scaling=streaming_llm (a window alone keeps every "
+                    "lag: plain RoPE)")
     else:
         require(eval_cfg.get("rope_scaling_factor") is None, "eval.rope_scaling_factor",
                 eval_cfg.get("rope_scaling_factor"), "null for shifted_rope (it shifts lags, it "
@@ -298,17 +375,16 @@ class RoPE(PositionalEncoding):
                                        rope_scaling_factor)
             self.rotate, self.remap = None, self.remapped_heads
 
-    def remapped_heads(self, q, k, pos, layer):
-        """The `remap` hook: (near_q, near_k, far_q, far_k, is_near). Near keys (lag below
-        remapping.near) see RoPE's rotations at their positions; far ones the rotations at
-        Remap.far_positions, whose difference is the remapped lag."""
+    def remapped_heads(self, q, k, pos, layer, span: Span = GLOBAL):
+        """The `remap` hook: (near_q, near_k, far_q, far_k, is_near) under the layer's `span`.
+        Near keys (Remap.near_keys) see RoPE's rotations at their positions; far ones the
+        rotations at Remap.far_positions, whose difference is the remapped lag."""
         n, remap = q.shape[2], self.remapping
         inv_freq, _ = self.frequencies(n)
-        lag = relative_lag(pos)  # reads the batch-shared row once, as the tables below do
         rows = pos[:1] if pos.stride(0) == 0 else pos
         near_q, near_k = (apply_rotary(x, *rope_tables(rows, inv_freq, q.dtype)) for x in (q, k))
-        q_pos, k_pos = remap.far_positions(rows, n)
+        q_pos, k_pos = remap.far_positions(rows, n, span)
         far_q = apply_rotary(q, *rope_tables(q_pos, inv_freq, q.dtype))
         far_k = apply_rotary(k, *rope_tables(k_pos, inv_freq, k.dtype))
-        return (near_q, near_k, far_q, far_k,
-                lambda b, q_idx, kv_idx: lag(b, q_idx, kv_idx) < remap.near)
+        # reads the batch-shared row once, as the tables above do
+        return near_q, near_k, far_q, far_k, remap.near_keys(pos, span)

@@ -48,17 +48,19 @@ class EvalConfig:
     # options applied at evaluation only, without retraining (docs/encodings.md, "Eval-time
     # options"). rope_scaling (rotary encodings): none, pi, ntk, yarn, llama3 (HF's), or
     # dynamic_ntk (HF's); or a remap of relative distances (RoPE-rotated encodings): rerope,
-    # self_extend, shifted_rope.
+    # self_extend, shifted_rope, dca (Dual Chunk Attention), streaming_llm (StreamingLLM's
+    # positions in its cache of the lambda mask's sinks and window; with attention=lambda).
     # rope_scaling_factor: null is dynamic, s = max(1, n/L) recomputed for each evaluated length
     # n (L = train.seq_len); a number > 1 is a static s, as the papers evaluate: the same
     # frequencies at every length, also at n <= L. For dynamic_ntk it is HF's `factor` alpha
     # (null: 1), s = max(1, alpha*n/L - (alpha-1)) per length. For rerope it is the leaky
     # form's k (null: pure ReRoPE), for self_extend the group size G (null: the smallest that
-    # fits each length), for shifted_rope null.
+    # fits each length), for shifted_rope, dca and streaming_llm null.
     rope_scaling: str = "none"
     rope_scaling_factor: Optional[float] = None
     # the remaps' window (null: the method's default at L): rerope's w (L/8), self_extend's
-    # neighbour window W (L/4), shifted_rope's local window W (L/16); lags below it, or below
+    # neighbour window W (L/4), shifted_rope's local window W (L/16), dca's local window w
+    # (L/8; its chunk size is 3L/4, chunks of 3L/4 - w tokens); lags below it, or below
     # shifted_rope's shift S, keep RoPE's positions
     rope_window: Optional[int] = None
     # shifted_rope's S (null: L/3): lags d >= S are shifted to d - S + W

@@ -41,7 +41,7 @@ def results_record(cfg, model, data, curve: List[dict], train: dict,
                  "stride": protocol_of(cfg.eval).stride(cfg.eval),
                  "rope_scaling": cfg.eval.rope_scaling,
                  "rope_scaling_factor": cfg.eval.rope_scaling_factor,
-                 # rerope, self_extend, shifted_rope: their values at this L
+                 # the distance remaps (rerope, self_extend, ...): their values at this L
                  "rope_remap": remap_record(cfg.eval, cfg.train.seq_len),
                  # eval.attention=lambda: its sinks and window at this L; null: the model's masks
                  "attention": attention_record(cfg.eval, cfg.train.seq_len),
@@ -181,8 +181,8 @@ def eval_options(record: dict) -> str:
     remap = e.get("rope_remap")
     if remap:  # a factor left out: ReRoPE's infinite k, Self-Extend's dynamic G
         options.append(f"rope_scaling {e['rope_scaling']} (" + ", ".join(
-            f"{key} {remap[key]:g}" for key in ("near", "window", "shift", "factor")
-            if remap[key] is not None) + ")")
+            f"{key} {remap[key]:g}" for key in ("near", "window", "shift", "factor", "chunk")
+            if remap.get(key) is not None) + ")")
     elif e.get("rope_scaling", "none") != "none":
         options.append(f"rope_scaling {e['rope_scaling']} "
                        + (f"(static factor {factor:g})" if factor else "(dynamic)"))
