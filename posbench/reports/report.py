@@ -30,7 +30,7 @@ from posbench.core.io import write_text
 from posbench import evaluations
 from posbench.evaluations import retrieval
 from posbench.reports.html import PAGE, write_html
-from posbench.reports import by_size, paired, position_frequency, tuning
+from posbench.reports import by_size, paired, position_frequency, self_extend, tuning
 from posbench.core.parity import UNDER_TRAINED, Gap, parity_gaps
 from posbench.runs.extend import plot_sweep
 from posbench.core.plots import METRICS, plot_curves
@@ -416,6 +416,7 @@ def write_report(root: Path, only: Optional[str] = None) -> Dict[str, dict]:
     lines += tuning.report_lines(
         trained, growth=lambda g: log_ppl_growth(ppl_table.get(g, {}), train_of[g]),
         ppl_at_train=lambda g: ppl_table.get(g, {}).get(train_of[g], {}).get("mean"))
+    lines += self_extend.report_lines(groups, base_of, ppl_table, root / self_extend.CSV)
     originals = list(trained)
     series = group_label([trained[label][0] for label in originals], ignore=("model.",))
     size_lines = by_size.report_lines(
