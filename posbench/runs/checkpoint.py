@@ -89,6 +89,9 @@ class Checkpoint:
     # train.budget=wallclock: the machine the seconds were spent on (posbench/runs/budget.py:
     # device_name); None under other budgets, and absent from checkpoints saved before it existed
     device: Optional[str] = None
+    # train.pack_documents: posbench/runs/lengths.py's SegmentCount so far; None otherwise, and
+    # absent from checkpoints saved before it existed
+    segment_lengths: Optional[torch.Tensor] = None
 
     def save(self, path: Path) -> None:
         state = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
@@ -100,7 +103,7 @@ class Checkpoint:
         """Checked against its digest, on CPU; a file without these keys is refused."""
         state = load_checkpoint(path)
         names = {field.name for field in dataclasses.fields(cls)} - {"version"} | {"posbench"}
-        if set(state) | {"device"} != names:
+        if set(state) | {"device", "segment_lengths"} != names:
             raise CheckpointError(f"checkpoint {path} is not accepted: it holds {sorted(state)}; "
                                   f"expected a posbench checkpoint, which holds {sorted(names)}")
         state["version"] = state.pop("posbench")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -88,14 +88,21 @@ def extension_config(cfg: DictConfig, parent: Path, trained: dict,
     return out
 
 
-def pose_positions(seed: int, step: int, batch: int, seq_len: int, span: int) -> torch.Tensor:
-    """PoSE's positions (Zhu et al. 2024, dwzhu-pku/PoSE train_pose.py) of step `step`'s windows,
-    (batch, seq_len) long: each window is two chunks, the first of r tokens at 0..r-1 with r
-    uniform in 1..ceil(seq_len/2), the second shifted by a skip u uniform in 0..span-seq_len, so
-    that its positions run from r + u to seq_len - 1 + u < span. A function of (seed, step)."""
+def pose_draws(seed: int, step: int, batch: int, seq_len: int,
+               span: int) -> Tuple[np.ndarray, np.ndarray]:
+    """PoSE's draws of step `step`, one per window: the first chunk's length r, uniform in
+    1..ceil(seq_len/2), and the skip u, uniform in 0..span-seq_len. A function of (seed, step)."""
     rng = np.random.default_rng([seed, step, POSE_STREAM])
     first = rng.integers(1, (seq_len + 1) // 2 + 1, size=batch)
-    skip = rng.integers(0, span - seq_len + 1, size=batch)
+    return first, rng.integers(0, span - seq_len + 1, size=batch)
+
+
+def pose_positions(seed: int, step: int, batch: int, seq_len: int, span: int) -> torch.Tensor:
+    """PoSE's positions (Zhu et al. 2024, dwzhu-pku/PoSE train_pose.py) of step `step`'s windows,
+    (batch, seq_len) long: each window is two chunks, the first of r tokens at 0..r-1, the second
+    shifted by the skip u, so that its positions run from r + u to seq_len - 1 + u < span
+    (pose_draws)."""
+    first, skip = pose_draws(seed, step, batch, seq_len, span)
     pos = np.tile(np.arange(seq_len), (batch, 1))
     pos += np.where(np.arange(seq_len) >= first[:, None], skip[:, None], 0)
     return torch.from_numpy(pos)

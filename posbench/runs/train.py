@@ -24,7 +24,7 @@ from posbench.data.windows import IGNORE
 from posbench.core.device import allow_tf32, autocast, rng_state, set_rng_state
 from posbench.evaluations.base import set_eval_options
 from posbench.runs.extend import curve_for, pose_positions
-from posbench.runs.lengths import training_batch
+from posbench.runs.lengths import SegmentCount, training_batch
 from posbench.core.progress import Bar
 from posbench.runs.trainlog import LOSS_PLOT, METRICS, MetricsLog, plot_losses
 from posbench.core.version import __version__
@@ -166,6 +166,7 @@ def fit(cfg: DictConfig, start, run_dir: Path, logger,
         window.restore(start.checkpoint)
         seconds, progress.last_loss = start.checkpoint.seconds, start.checkpoint.last_loss
     log = TrainingLog(cfg, start, run_dir, logger, progress.first)
+    counted = segment_count(t, start.checkpoint)
     # train.eval_every: the metric against the step, scored before the first step and at every
     # eval_every steps before that step's checkpoint, so that a resume keeps what it scored
     curve = curve_for(cfg, start, run_dir, progress.first) if main else None
@@ -185,9 +186,11 @@ def fit(cfg: DictConfig, start, run_dir: Path, logger,
     prepare_training(model, t)
     step = progress.first
     while not budget.spent(step, spent()):
+        batch = training_batch(data, cfg, step, start.plant)
+        if counted is not None:
+            counted.add(batch[3])  # the global batch's segments, before the shard
         x, y, pos, segments = (None if z is None else
-                               distributed.shard(z).to(device, non_blocking=True)
-                               for z in training_batch(data, cfg, step, start.plant))
+                               distributed.shard(z).to(device, non_blocking=True) for z in batch)
         if t.get("pose_span"):
             pos = distributed.shard(pose_positions(cfg.seed, step, t.batch_size, t.seq_len,
                                                    t.pose_span)).to(device)
@@ -212,7 +215,8 @@ def fit(cfg: DictConfig, start, run_dir: Path, logger,
             prepare_training(model, t)
         evaluating += time.perf_counter() - began
         if saves and main:
-            save(run_dir / CHECKPOINT, cfg, start, optimizer, window, progress, spent(), done)
+            save(run_dir / CHECKPOINT, cfg, start, optimizer, window, progress, spent(), done,
+                 counted)
             progress.saved_step = done
         progress.step = step = done
     log.close()
@@ -223,17 +227,31 @@ def fit(cfg: DictConfig, start, run_dir: Path, logger,
     return {"seq_len": t.seq_len, "steps": progress.step, "tokens": tokens,
             "final_loss": window.final_loss, "tokens_per_second": tokens / wall,
             "wall_seconds": wall, "resumed_from_step": progress.first,
+            **({"segment_lengths": counted.record()} if counted is not None else {}),
             **budget.record(progress.step, wall, device)}, final
 
 
+def segment_count(t, checkpoint) -> Optional[SegmentCount]:
+    """Where the data cut the rows (train.pack_documents), their segments' count from the
+    checkpoint's; None otherwise, and for a checkpoint saved before the count was kept (its
+    earlier steps are not counted: the run records none)."""
+    if not t.get("pack_documents", False):
+        return None
+    if checkpoint is None:
+        return SegmentCount(t.seq_len)
+    saved = checkpoint.segment_lengths
+    return None if saved is None else SegmentCount(t.seq_len, saved)
+
+
 def save(path: Path, cfg: DictConfig, start, optimizer, window: LossWindow, progress: Progress,
-         seconds: float, done: int) -> None:
+         seconds: float, done: int, counted: Optional[SegmentCount]) -> None:
     Checkpoint(version=__version__, config=to_container(cfg), dataset=start.data.fingerprint,
                vocab_size=start.data.vocab_size, step=done, model=start.model.state_dict(),
                optimizer=optimizer.state_dict(), rng=rng_state(start.device),
                window=window.losses[:window.n].cpu(), final_loss=window.final_loss,
                last_loss=progress.last_loss, seconds=seconds,
-               device=start.budget.spent_on(start.device)).save(path)
+               device=start.budget.spent_on(start.device),
+               segment_lengths=None if counted is None else counted.counts).save(path)
 
 
 class TrainingLog:
