@@ -7,7 +7,7 @@ import re
 
 import pytest
 import torch
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 
 import posbench
 import posbench.runs.budget
@@ -107,10 +107,18 @@ def triangular_solve(a_shape, b_shape, *args, out_shape=None, **kwargs):
 ELEMENTWISE = (aten.add, aten.sub, aten.rsub, aten.mul, aten.div, aten.neg, aten.reciprocal,
                aten.exp, aten.log, aten.log1p, aten.sigmoid, aten.log_sigmoid_forward,
                aten.relu, aten.silu, aten.softplus, aten.cos, aten.sin, aten.rsqrt, aten.sqrt,
-               aten.pow, aten.square, aten.abs, aten.maximum, aten.minimum, aten.cumsum)
+               aten.pow, aten.square, aten.abs, aten.maximum, aten.minimum, aten.cumsum,
+               aten.leaky_relu)
+def convolution(x_shape, w_shape, bias_shape, stride, padding, dilation, transposed, *args,
+                out_shape=None, **kwargs):
+    """FlopCounterMode's multiply-adds, and one for the bias added to each output (DAPE)."""
+    return (conv_flop_count(x_shape, w_shape, out_shape, transposed=transposed)
+            + (math.prod(out_shape) if bias_shape is not None else 0))
+
+
 COUNTS = {**{op: per_output for op in ELEMENTWISE}, aten.sum: per_input, aten.mean: per_input,
           aten.scatter_add: per_source, aten.scatter_add_: per_source,
-          aten.linalg_solve_triangular: triangular_solve,
+          aten.linalg_solve_triangular: triangular_solve, aten.convolution: convolution,
           aten.addcmul: lambda *a, out_shape=None, **k: 2 * math.prod(out_shape)}
 B, T, N_LAYER, H, D = 2, 128, 2, 2, 32  # T = 2 x PaTH's chunk: its sweep over earlier chunks runs
 
@@ -147,6 +155,9 @@ def measured_flops(name, **changes) -> int:
                 scores = own.score_mod(q, k, pos, index, **inputs)(scores, b, h, q_idx, kv_idx)
             if own.row_mod is not None:
                 scores = own.row_mod(scores, q, k, pos, index, q_idx, kv_idx, **inputs)
+            if own.mix_heads is not None:
+                mix, _ = own.mix_heads(q, k, pos, index)
+                scores = mix(scores, b, h, q_idx, kv_idx, kv_idx > q_idx)
             if own.value_mod is not None:
                 own.value_mod(torch.softmax(scores.detach(), -1), pos, index, q_idx, kv_idx)
     return counted.get_total_flops(), enc

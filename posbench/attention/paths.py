@@ -20,6 +20,9 @@
                                    (FoX)
 - a remap (eval-time distance    -> blockwise, each block's logits picked per (query, key) from
   remaps of RoPE)                  two products, near and far (remapped_attention)
+- encoding.mix_heads (DAPE)     -> blockwise on every device, dense fp32 scores rewritten across
+                                   the heads before the mask; no fused kernel or FlexAttention's
+                                   per-head score_mod can mix heads
 Each layer's span (posbench/attention/span.py) masks the keys outside it with the causal mask:
 FlexAttention's block mask on CUDA (also without a score_mod), and on CPU blocks that take only the
 keys in reach, so memory is bounded by the span's width (a lambda span's sinks lie at the start:
@@ -185,7 +188,8 @@ def attend(q, k, v, pos, encoding, layer, x=None, span: Span = GLOBAL, sinks=Non
     if encoding.remap is not None:
         return remapped_attention(q, k, v, pos, encoding, layer, span, sinks)
     score_mod, row_mod, value_mod = bound_hooks(q, k, pos, encoding, layer, x)
-    if row_mod is None and value_mod is None:
+    mix = encoding.mix_heads(q, k, pos, layer) if encoding.mix_heads is not None else None
+    if row_mod is None and value_mod is None and mix is None:
         if score_mod is None and span.is_global and sinks is None:
             return causal_sdpa(q, k, v)
         if q.is_cuda and not _learns_through(score_mod, q):
@@ -211,9 +215,9 @@ def attend(q, k, v, pos, encoding, layer, x=None, span: Span = GLOBAL, sinks=Non
                 q, k, pos, layer, **hook_inputs(encoding, x)))
     # no score hook is a zero bias: a local span's blocks run as fused SDPA with its mask
     additive = ((score_mod is None or encoding.additive_score_mod) and row_mod is None
-                and value_mod is None)
+                and value_mod is None and mix is None)
     return blockwise_attention(q, k, v, score_mod, row_mod, value_mod, additive=additive,
-                               span=span, sinks=sinks)
+                               span=span, sinks=sinks, mix=mix)
 
 
 def causal_sdpa(q, k, v):
@@ -227,28 +231,33 @@ def causal_sdpa(q, k, v):
 
 
 def blockwise_attention(q, k, v, score_mod=None, row_mod=None, value_mod=None, additive=False,
-                        span: Span = GLOBAL, sinks=None):
+                        span: Span = GLOBAL, sinks=None, mix=None):
     """Exact causal attention, one block of queries at a time against the keys its span shows.
     `additive`: score_mod only adds a bias, so each block runs as SDPA with that bias as mask.
-    `sinks` (H,): each head's sink logit in the softmax denominator, or None."""
+    `sinks` (H,): each head's sink logit in the softmax denominator, or None. `mix`: the
+    encoding's mix_heads pair (fn, channels), or None."""
+    mix_heads, channels = mix or (None, 0)
     block = (functools.partial(_bias_block, score_mod=score_mod, span=span, sinks=sinks)
              if additive else
              functools.partial(_attend_block, score_mod=score_mod, row_mod=row_mod,
-                               value_mod=value_mod, span=span, sinks=sinks))
-    return by_row_blocks(q, k, v, block, span)
+                               value_mod=value_mod, span=span, sinks=sinks,
+                               mix_heads=mix_heads))
+    return by_row_blocks(q, k, v, block, span, channels)
 
 
-def by_row_blocks(q, k, v, block, span: Span = GLOBAL):
+def by_row_blocks(q, k, v, block, span: Span = GLOBAL, channels: int = 0):
     """Causal attention one block of query rows at a time: block(q rows, k prefix, v prefix,
     start, b, h) -> the rows' output, at most BLOCK_ELEMENTS scores per block, recomputed in
     the backward pass when a gradient is needed. Under a local span a block takes only the keys
     from the first one its first query sees (block(..., key_start=that index)), so memory is
-    bounded by the span's width, not by T."""
+    bounded by the span's width, not by T. `channels`: the values a block holds per (query, key)
+    when more than its heads (mix_heads), so that it holds at most BLOCK_ELEMENTS of them."""
     B, H, T, _ = q.shape
+    per_key = B * max(H, channels)
     if not span.bounded:  # global, or lambda: its sinks lie at the start
-        rows = max(16, min(T, BLOCK_ELEMENTS // max(1, B * H * T)))
+        rows = max(16, min(T, BLOCK_ELEMENTS // max(1, per_key * T)))
     else:  # a block of r rows sees at most r + w - 1 keys
-        rows = max(16, min(T, span.width, BLOCK_ELEMENTS // max(1, 2 * B * H * span.width)))
+        rows = max(16, min(T, span.width, BLOCK_ELEMENTS // max(1, 2 * per_key * span.width)))
     b = torch.arange(B, device=q.device).view(B, 1, 1, 1)
     h = torch.arange(H, device=q.device).view(1, H, 1, 1)
     outputs = []
@@ -299,10 +308,10 @@ def block_indices(start: int, Tq: int, Tk: int, device, key_start: int = 0):
 
 
 def _attend_block(q, k, v, start, b, h, score_mod, row_mod, value_mod, key_start=0,
-                  span: Span = GLOBAL, sinks=None):
+                  span: Span = GLOBAL, sinks=None, mix_heads=None):
     """One block from dense fp32 scores, for any combination of hooks."""
     probs, q_idx, kv_idx = _block_probs(q, k, start, b, h, score_mod, row_mod, key_start, span,
-                                        sinks)
+                                        sinks, mix_heads)
     out = probs @ v.to(probs.dtype)
     if value_mod is not None:
         out = out + value_mod(probs, q_idx=q_idx, kv_idx=kv_idx)
@@ -310,7 +319,7 @@ def _attend_block(q, k, v, start, b, h, score_mod, row_mod, value_mod, key_start
 
 
 def _block_probs(q, k, start, b, h, score_mod, row_mod, key_start=0, span: Span = GLOBAL,
-                 sinks=None):
+                 sinks=None, mix_heads=None):
     """Causal attention probabilities (B, H, Tq, Tk) in fp32 at least of the query block that
     starts at sequence index `start` against keys from `key_start`, each query seeing its span,
     with the block's q_idx and kv_idx. With `sinks` (H,), each row's sum is e^{s_h} short of 1."""
@@ -323,6 +332,9 @@ def _block_probs(q, k, start, b, h, score_mod, row_mod, key_start=0, span: Span 
     if score_mod is not None:
         scores = score_mod(scores, b, h, q_idx, kv_idx)
     future = span.hidden(q_idx, kv_idx)  # and keys outside the span
+    if mix_heads is not None:  # its weights act on fp32 logits, as the logits were formed
+        with torch.autocast(q.device.type, enabled=False):
+            scores = mix_heads(scores, b, h, q_idx, kv_idx, future)
     scores = scores.masked_fill(future, float("-inf"))
     if row_mod is not None:
         scores = row_mod(scores, q_idx=q_idx, kv_idx=kv_idx).masked_fill(future, float("-inf"))
@@ -352,10 +364,11 @@ def attention_probs(q, k, pos, encoding, layer, start=0, end=None, x=None, span:
         return _remap_probs(q[:, :, start:end], k[:, :, :end], start, b, is_near, span=span,
                             sinks=sinks)
     score_mod, row_mod, _ = bound_hooks(q, k, pos, encoding, layer, x)
+    mix = encoding.mix_heads(q, k, pos, layer)[0] if encoding.mix_heads is not None else None
     b = torch.arange(q.shape[0], device=q.device).view(-1, 1, 1, 1)
     h = torch.arange(q.shape[1], device=q.device).view(1, -1, 1, 1)
     return _block_probs(q[:, :, start:end], k[:, :, :end], start, b, h, score_mod, row_mod,
-                        span=span, sinks=sinks)[0]
+                        span=span, sinks=sinks, mix_heads=mix)[0]
 
 
 def remapped_attention(q, k, v, pos, encoding, layer, span: Span = GLOBAL, sinks=None):

@@ -17,6 +17,15 @@ and never branch on its name. A hook left as None does nothing:
                                          always takes the blockwise path); q and k are the whole
                                          (B, H, T, d) heads; with reads_input also x=
 - value_mod(probs, pos, layer, q_idx, kv_idx) -> (B, H, Tq, d) added to the attention output
+- mix_heads(q, k, pos, layer) -> (fn, channels)
+                                         fn(logits, b, h, q_idx, kv_idx, hidden) -> logits, each
+                                         (B, H, Tq, Tk): a block of query rows' scaled logits
+                                         before any mask, rewritten from every head's values on
+                                         the same row (DAPE's MLP and convolution); `hidden`
+                                         marks the keys the query does not see, whose logits
+                                         must not reach a seen key's result. `channels`: the
+                                         most values fn holds per (query, key), which sizes the
+                                         blocks. Always the blockwise path, in fp32 at least
 - lag_rows(q, k, pos, layer) -> (q, fn) or None
                                          optional, beside an additive score_mod: the same
                                          attention for the CPU path at evaluation, where positions
@@ -149,6 +158,7 @@ class PositionalEncoding(nn.Module):
     score_mod: Optional[Callable] = None
     row_mod: Optional[Callable] = None
     value_mod: Optional[Callable] = None
+    mix_heads: Optional[Callable] = None
     lag_rows: Optional[Callable] = None
     lag_decay: Optional[Callable] = None
     bias_factors: Optional[Callable] = None
@@ -156,8 +166,8 @@ class PositionalEncoding(nn.Module):
 
     # what an encoding that wraps another (randomized, a training-time switch) takes from it
     HOOKS: ClassVar[Tuple[str, ...]] = ("positions", "embed", "rotate", "score_mod", "row_mod",
-                                        "value_mod", "lag_rows", "lag_decay", "bias_factors",
-                                        "remap")
+                                        "value_mod", "mix_heads", "lag_rows", "lag_decay",
+                                        "bias_factors", "remap")
     FLAGS: ClassVar[Tuple[str, ...]] = ("relative", "prefix_consistent", "rotary",
                                         "additive_score_mod", "lag_only_bias", "reads_input")
 

@@ -7,7 +7,8 @@ from posbench.encodings.base import Dims, registry
 
 HOOK_PLACES = (("positions", "position ids"), ("embed", "input embedding"),
                ("rotate", "q/k maps"), ("score_mod", "attention logits"),
-               ("row_mod", "logit rows (context)"), ("value_mod", "attention values"))
+               ("row_mod", "logit rows (context)"), ("mix_heads", "logits across heads"),
+               ("value_mod", "attention values"))
 # a small model, only to list which parameters an encoding learns
 PROBE = Dims(n_layer=2, n_head=4, d_model=64, train_len=64, max_len=128)
 

@@ -113,7 +113,8 @@ def estimate(cfg, world_size: int = 1, steps: Optional[int] = None) -> Estimate:
     weights = _weights(model)
     # sinks take the blockwise path on CPU, as a score hook does
     hooks = cfg.model.get("attn_sinks", False) or any(
-        getattr(model.encoding, hook) is not None for hook in ("score_mod", "row_mod", "value_mod"))
+        getattr(model.encoding, hook) is not None
+        for hook in ("score_mod", "row_mod", "value_mod", "mix_heads"))
     # a distance remap (eval only) scores in blocks too
     eval_hooks = hooks or cfg.eval.rope_scaling in ROPE_REMAPS
     m, t = cfg.model, cfg.train
