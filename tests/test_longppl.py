@@ -184,9 +184,15 @@ def test_a_report_over_the_runs_tables_longppl_for_the_runs_that_scored_it(train
     posbench_cli("report", str(folder), cwd=tmp_path)
     summary = (folder / "summary.md").read_text()
     by_length = results(root / "judge")["eval"]["longppl"]["by_length"]
-    rows = [line for line in summary.splitlines() if f"{by_length[-1]['longppl']:.3f}" in line]
+    value = f"{by_length[-1]['longppl']:.3f}"
+    rows = [line for line in summary.splitlines() if f"/ {value}" in line]
     assert len(rows) == 1 and rows[0].startswith("| rope")  # the ALiBi run did not score it
     assert "LongPPL: perplexity / perplexity on the key tokens only" in summary
+    # across groups: one seed, so the run's own value and key tokens, and the figure
+    across = summary.split("LongPPL across groups")[1].split("\n\n")[1].splitlines()
+    assert len(across) == 3 and across[2].startswith("| rope")
+    assert across[2].endswith(f"| {value} ({by_length[-1]['key_tokens']}) |")
+    assert (folder / "longppl_by_group.png").is_file()
 
 
 def test_an_evaluator_run_chooses_the_key_tokens_for_another(trained, monkeypatch, capsys):

@@ -7,7 +7,8 @@ import math
 import pytest
 
 from helpers import run_in_process, wandb_summary
-from posbench.reports.report import t95, write_report
+from posbench.reports.report import write_report
+from posbench.reports.stats import t95
 
 
 def run_record(name, seed, ppls, status="ok", seq_len=32, accuracy=None, **config):

@@ -13,10 +13,15 @@ from helpers import posbench_cli
 from posbench.reports.report import write_report
 from test_report import run_record, write
 
-# retrieval on, so that the report has its retrieval tables and grid (tests/test_retrieval.py)
-RETRIEVAL = ["train.seq_len=64", "eval.lengths=[64,128]", "eval.retrieval.enabled=true",
+# retrieval, RULER and LongPPL on, so that the report has their tables and figures
+# (tests/test_retrieval.py, test_ruler.py, test_longppl.py; alpha 0: a toy model has key tokens)
+EVALUATIONS = ["train.seq_len=64", "eval.lengths=[64,128]", "eval.retrieval.enabled=true",
              "eval.retrieval.trials=2", "eval.retrieval.key_tokens=4",
-             "eval.retrieval.depths=[0,0.5,1]"]
+             "eval.retrieval.depths=[0,0.5,1]", "eval.ruler.enabled=true",
+             "eval.ruler.tasks=[niah_single_1]", "eval.ruler.depths=[0]", "eval.ruler.trials=2",
+             "eval.longppl.enabled=true", "eval.longppl.alpha=0", "eval.longppl.beta=100"]
+FIGURES = ("ppl_vs_length.png", "position_frequency.png", "retrieval_grid.png",
+           "ruler_by_group.png", "longppl_by_group.png")
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -71,9 +76,10 @@ def markdown_tables(text):
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory, toy):
-    """Two toy runs (rope, alibi) scored on retrieval, then `posbench report` over them."""
+    """Two toy runs (rope, alibi) scored on retrieval, RULER and LongPPL, then `posbench report`
+    over them."""
     tmp = tmp_path_factory.mktemp("report_html")
-    posbench_cli("train", "-m", *toy, *RETRIEVAL, "encoding=rope,alibi", "hydra.sweep.dir=sweep",
+    posbench_cli("train", "-m", *toy, *EVALUATIONS, "encoding=rope,alibi", "hydra.sweep.dir=sweep",
                  cwd=tmp)
     sweep = tmp / "sweep"
     (sweep / "report.html").unlink()  # the multirun's own report wrote one: now the command's
@@ -86,9 +92,8 @@ def test_the_page_is_self_contained_with_the_reports_tables_and_links(sweep):
     text = (sweep / "report.html").read_text()
     page = Page(text)
     # every figure the report wrote, embedded as a PNG data: URI
-    assert len(page.images) == 3
-    for image, name in zip(page.images, ("ppl_vs_length.png", "position_frequency.png",
-                                         "retrieval_grid.png")):
+    assert len(page.images) == len(FIGURES)
+    for image, name in zip(page.images, FIGURES):
         assert image["alt"] == name
         prefix = "data:image/png;base64,"
         assert image["src"].startswith(prefix)
@@ -107,6 +112,7 @@ def test_the_page_is_self_contained_with_the_reports_tables_and_links(sweep):
     assert all(re.fullmatch(r"[+-]\d+\.\d%", row[-1]) for row in ppl[1:])
     assert any(t[0][:2] == ["encoding", "by ppl"] for t in page.tables)  # effective lengths
     assert any(t[0][0] == "encoding" and t[0][1:] == ["64", "128"] for t in page.tables)  # bits saved
+    assert any(t[0] == ["group", "64 (L)", "128"] for t in page.tables)  # RULER, LongPPL by group
     # a link to each run's results.json, relative to the page
     runs = page.tables[-1]
     assert runs[0] == ["group", "seed", "status", "results"]
@@ -169,7 +175,7 @@ def test_chromium_renders_the_page_and_its_figures_without_script(sweep, tmp_pat
     found = re.search(r'<body data-images="([^"]*)"', dom)
     assert found, dom[:2000]
     images = [tuple(map(int, s.split(","))) for s in found.group(1).split()]
-    assert len(images) == 3 and all(w > 100 and h > 100 for w, h, *_ in images), images
+    assert len(images) == len(FIGURES) and all(w > 100 and h > 100 for w, h, *_ in images), images
     assert "gap at train length" in dom and "alibi" in dom
 
     # the page as it is, no script: a screenshot that shows the first figure where it lies

@@ -15,7 +15,7 @@ import pytest
 import posbench
 from helpers import posbench_cli
 from posbench.reproduce import NOT_COMPARABLE, NOT_REPRODUCED, REPRODUCED, Measured, registry
-from posbench.reports.report import t95
+from posbench.reports.stats import t95
 from posbench.reproduce.claims import task_group
 from posbench.reproduce.command import sweep_overrides
 from posbench.reproduce.gelberg2025_retrieval import NAMES

@@ -74,7 +74,7 @@ def plain_log_y(ax) -> None:
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: plain_number(v)))
 
 
-def _plain_axes(ax, lengths: List[int], log_y: bool) -> None:
+def plain_length_axes(ax, lengths: List[int], log_y: bool) -> None:
     """Ticks at the evaluated lengths (at most 12) and, on a log y axis, at round values; all
     labelled as plain numbers."""
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
@@ -88,11 +88,16 @@ def _plain_axes(ax, lengths: List[int], log_y: bool) -> None:
         plain_log_y(ax)
 
 
-def _legend(ax) -> None:
-    """Outside the axes, so that curves keep the whole plot; a long list is cut with a count."""
+def legend_beside(ax, panels=None) -> None:
+    """Outside the axes, so that curves keep the whole plot; a long list is cut with a count.
+    `panels`: those whose curves it names, each label once in their order (default: `ax`)."""
     from matplotlib.lines import Line2D
 
-    handles, labels = ax.get_legend_handles_labels()
+    entries = {}
+    for panel in panels if panels is not None else [ax]:
+        for handle, label in zip(*panel.get_legend_handles_labels()):
+            entries.setdefault(label, handle)
+    handles, labels = list(entries.values()), list(entries)
     labels = [text if len(text) <= LEGEND_CHARS else text[:LEGEND_CHARS - 1] + "…"
               for text in labels]
     if len(handles) > LEGEND_ENTRIES:
@@ -101,6 +106,22 @@ def _legend(ax) -> None:
         labels = labels[:LEGEND_ENTRIES - 1] + [f"and {more} more (summary.md)"]
     ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8,
               frameon=False)
+
+
+def draw_curve(ax, points: List[Tuple[int, float, Optional[float]]], colour, label: str,
+               seeds: Optional[List[Tuple[int, float]]] = None, **style) -> None:
+    """One label's (length, mean, +-band) points as a line, shaded where every point has a band,
+    and `seeds`, each seed's own (length, value), as small open circles in its colour, so the
+    spread is seen and not only its band."""
+    xs, ys, bands = zip(*sorted(points))
+    ax.plot(xs, ys, label=label, color=colour, **style)
+    if seeds:
+        sx, sy = zip(*seeds)
+        ax.scatter(sx, sy, s=14, facecolors="none", edgecolors=[colour], linewidths=0.8,
+                   alpha=0.8, zorder=3)
+    if all(b is not None for b in bands):
+        ax.fill_between(xs, [y - b for y, b in zip(ys, bands)],
+                        [y + b for y, b in zip(ys, bands)], color=colour, alpha=0.2)
 
 
 def plot_curves(series: Dict[str, List[Tuple[int, float, Optional[float]]]], train_len: int,
@@ -126,8 +147,7 @@ def plot_curves(series: Dict[str, List[Tuple[int, float, Optional[float]]]], tra
     for label, points in series.items():
         if not points:
             continue
-        xs, ys, bands = zip(*sorted(points))
-        lengths += xs
+        lengths += [x for x, _, _ in points]
         base = base_of.get(label)
         if base is None:
             colour = colour_of.setdefault(label, colours[len(colour_of) % len(colours)])
@@ -141,25 +161,18 @@ def plot_curves(series: Dict[str, List[Tuple[int, float, Optional[float]]]], tra
             text = label
             siblings = [other for other, its in base_of.items() if its == base]
             style = dict(linestyle=":", marker=markers[1 + siblings.index(label) % 7])
-        ax.plot(xs, ys, label=text, color=colour, **style)
-        if (seeds or {}).get(label):
-            sx, sy = zip(*seeds[label])
-            ax.scatter(sx, sy, s=14, facecolors="none", edgecolors=[colour], linewidths=0.8,
-                       alpha=0.8, zorder=3)
-        if all(b is not None for b in bands):
-            ax.fill_between(xs, [y - b for y, b in zip(ys, bands)],
-                            [y + b for y, b in zip(ys, bands)], color=colour, alpha=0.2)
+        draw_curve(ax, points, colour, text, (seeds or {}).get(label), **style)
     ax.set_xscale("log", base=2)
     if not log_y:
         ax.set_ylim(-0.02, 1.02)
-    _plain_axes(ax, lengths + [train_len], log_y)
+    plain_length_axes(ax, lengths + [train_len], log_y)
     ax.set_xlabel("evaluation length (tokens)")
     ax.set_ylabel(ylabel)
     ax.set_title("\n".join(textwrap.fill(line, 70) for line in
                            (title + (f"\nshaded: {band_label}" if band_label else "")).split("\n")),
                  fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
-    _legend(ax)
+    legend_beside(ax)
     save_figure(plt, fig, path)
 
 

@@ -47,7 +47,11 @@ CAPTIONS = {"ppl_vs_length.png": "Perplexity by evaluation length",
             "accuracy_vs_length.png": "Exact-match accuracy by evaluation length",
             "retrieval_grid.png": "Passkey retrieval: bits saved per key token, depth by length "
                                   "(each group's first seed)",
-            "eval_vs_step.png": "Perplexity at the training length against fine-tuning steps"}
+            "eval_vs_step.png": "Perplexity at the training length against fine-tuning steps",
+            "ruler_by_group.png": "RULER: exact match by length per task and on average, a line "
+                                  "per group (mean over seeds)",
+            "longppl_by_group.png": "Perplexity and LongPPL (key tokens only) by length, a line "
+                                    "per group (mean over seeds)"}
 
 
 def markdown_html(lines: List[str]) -> str:

@@ -5,8 +5,9 @@ except the seed: seeds of one group are averaged, with a 95% Student-t interval 
 a second run with a seed its group already has is a repeat, counted once. Each re-score
 (results.eval-*.json) is a group of its own, labelled by what it changed and drawn over the
 curve it re-scored; one that changed only eval.retrieval.* keys adds retrieval rows alone (its
-perplexity copies its original's). Task datasets add exact-match accuracy. Runs that failed,
-were interrupted, were refused at their start or left no results.json are listed.
+perplexity copies its original's). Task datasets add exact-match accuracy; runs scored on RULER
+or LongPPL add those by group (long_context.py). Runs that failed, were interrupted, were refused
+at their start or left no results.json are listed.
 Perplexities of two eval.protocol values are not comparable (sliding windows give each token more
 context): a folder holding several says so in one line, the gap at the training length compares
 groups of one protocol, and `--protocol NAME` reports one alone.
@@ -30,7 +31,9 @@ from posbench.core.io import write_text
 from posbench import evaluations
 from posbench.evaluations import retrieval
 from posbench.reports.html import PAGE, write_html
-from posbench.reports import by_size, paired, position_frequency, self_extend, tuning
+from posbench.reports import (by_size, long_context, paired, position_frequency, self_extend,
+                              tuning)
+from posbench.reports.stats import BAND, mean_band
 from posbench.core.parity import UNDER_TRAINED, Gap, parity_gaps
 from posbench.runs.extend import plot_sweep
 from posbench.core.plots import METRICS, plot_curves
@@ -39,17 +42,8 @@ from posbench.runs.results import REFUSED, RESULTS, load_results, rescore_label
 
 # keys that differ between runs without being an experimental factor
 IGNORED_KEYS = ("seed", "dataset.cache_dir", "logger.")
-# two-sided 95% quantiles of Student's t for 1..30 degrees of freedom
-T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
-       2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060,
-       2.056, 2.052, 2.048, 2.045, 2.042)
-BAND = "95% interval of the mean over seeds (Student t)"
 RESCORE_PREFIX = "results.eval-"  # the re-scores of posbench eval (posbench/runs/rescore.py)
 VALUE_CHARS = 16  # a longer value is cut in a group label
-
-
-def t95(df: int) -> float:
-    return T95[df - 1] if df <= len(T95) else 1.96 + 2.4 / df  # within 0.002 beyond 30
 
 
 def find_runs(root: Path) -> Tuple[List[dict], List[dict]]:
@@ -207,14 +201,7 @@ def aggregate(groups: Dict[str, List[dict]], metric: str = "ppl") -> Dict[str, D
                     by_length[point["length"]].append(point[metric])
         if not by_length:
             continue
-        table[label] = {}
-        for length, xs in sorted(by_length.items()):
-            n = len(xs)
-            mean = sum(xs) / n
-            sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1)) if n > 1 else 0.0
-            sem = sd / math.sqrt(n)
-            ci95 = t95(n - 1) * sem if n > 1 else 0.0
-            table[label][length] = {"mean": mean, "sd": sd, "sem": sem, "ci95": ci95, "n": n}
+        table[label] = {length: mean_band(xs) for length, xs in sorted(by_length.items())}
     return table
 
 
@@ -433,6 +420,9 @@ def write_report(root: Path, only: Optional[str] = None) -> Dict[str, dict]:
     members, member_labels = [run for _, run in grouped], dict(enumerate(l for l, _ in grouped))
     for section in evaluations.sections():
         lines += section.report_lines(members, member_labels)
+    # RULER and LongPPL by group, the view that compares the encodings
+    across_lines, across_plots = long_context.write(root, every_group)
+    lines += across_lines
     lines += ["", "Training budget (train.budget, of the group's first run) and throughput "
               "(mean over seeds):", "",
               "| group | budget | tokens/s | wall time (m:s) |", "|---|---|---:|---:|"]
@@ -478,6 +468,7 @@ def write_report(root: Path, only: Optional[str] = None) -> Dict[str, dict]:
         plots.append(position_frequency.PLOT)
     if retrieval.plot_grid(members, member_labels, root / "retrieval_grid.png"):
         plots.append("retrieval_grid.png")
+    plots += across_plots
     if plot_sweep(members, member_labels, root / "eval_vs_step.png"):
         plots.append("eval_vs_step.png")
     write_html(root, lines, plots, every_group, ok + failed)

@@ -261,7 +261,7 @@ def ruler_exact_match(records: List[dict], row_of, tasks: Tuple[str, ...],
     over the run's depths and trials), then the mean over seeds with their 95% t-interval (0 for
     one seed). A run without eval.ruler, or without one of the tasks, adds nothing to it. No
     lengths: Measured.compare pairs perplexity windows, which say nothing of these scores."""
-    from posbench.reports.report import t95
+    from posbench.reports.stats import t95
     from posbench.reproduce.claims import task_group
 
     scores: Dict[str, Dict[float, List[float]]] = defaultdict(lambda: defaultdict(list))
