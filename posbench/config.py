@@ -489,6 +489,12 @@ def _merged(defaults: dict, saved: dict) -> dict:
                            else value for key, value in saved.items()}}
 
 
+@functools.lru_cache(maxsize=None)
+def _schema_defaults(cls: type) -> dict:
+    """The schema's defaults as a plain tree (built once: a report reads hundreds of runs)."""
+    return OmegaConf.to_container(OmegaConf.structured(cls))
+
+
 def with_defaults(saved) -> DictConfig:
     """A saved run's config as the current schema reads it: renamed keys renamed, and every key
     added to model, train, eval, logger, its dataset or its encoding since the run was saved at
@@ -497,7 +503,7 @@ def with_defaults(saved) -> DictConfig:
     with overrides of the new keys."""
     cfg = OmegaConf.create(saved if isinstance(saved, dict) else to_container(saved))
     rename_saved_keys(cfg)
-    defaults = OmegaConf.to_container(OmegaConf.structured(schema()))
+    defaults = _schema_defaults(schema())
     tree = to_container(cfg)
     for group in TYPED_GROUPS:
         if isinstance(tree.get(group), dict):

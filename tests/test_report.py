@@ -107,6 +107,20 @@ def test_an_encodings_own_keys_label_only_runs_of_that_encoding(tmp_path):
     assert labels == {"rope", "t5 [num_buckets=32]", "t5 [num_buckets=16]"}
 
 
+def test_a_key_added_since_a_run_was_saved_reads_as_its_default(tmp_path):
+    """Seeds of one setting saved before and after train.pack_documents existed are one group;
+    a run that set the new key to another value is its own."""
+    train = lambda **keys: {"train": {"seq_len": 32, **keys}}
+    write(tmp_path, "old", run_record("rope", 0, {32: 10.0}))  # saved before the key existed
+    write(tmp_path, "new", run_record("rope", 1, {32: 12.0}, **train(pack_documents=False)))
+    write(tmp_path, "packed", run_record("rope", 0, {32: 9.0}, **train(pack_documents=True)))
+    write_report(tmp_path)
+    rows = summary_rows(tmp_path)
+    assert {label: row["seeds"] for (label, _), row in rows.items()} == {
+        "rope [pack_documents=false]": "2", "rope [pack_documents=true]": "1"}
+    assert float(rows["rope [pack_documents=false]", 32]["ppl_mean"]) == pytest.approx(11.0)
+
+
 def test_parity_gap_to_the_best_at_the_training_length_marks_under_trained_groups(tmp_path):
     # at the training length 32: rope 4.0 (best), alibi 4.4 (+10%), sinusoidal 3 seeds around
     # 6.0 (+50%); a group trained at 64 is compared only with its own training length

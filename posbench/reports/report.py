@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from hydra.experimental.callback import Callback
 
-from posbench.config import flatten
+from posbench.config import flatten, to_container, with_defaults
 from posbench.core.errors import ConfigError
 from posbench.core.io import write_text
 from posbench import evaluations
@@ -108,7 +108,9 @@ def group_label(runs: List[dict], ignore: Tuple[str, ...] = ()) -> Dict[int, str
     with one of `ignore`) that differs, in short: `alibi [seq_len=64, lr=0.001]`. Runs with the
     same label are one group; groups whose short labels would coincide get a hash of their full
     values."""
-    flats = [flatten(r.get("config", {})) for r in runs]
+    # a key added since a run was saved reads as its default, which is what that run did: runs
+    # of one setting saved by two posbench versions are one group
+    flats = [flatten(to_container(with_defaults(r.get("config", {})))) for r in runs]
     # repr: values become comparable strings, lists included
     texts = [{k: repr(v) for k, v in flat.items()} for flat in flats]
     keys = sorted({k for f in texts for k in f})
