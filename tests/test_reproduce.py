@@ -203,6 +203,15 @@ def test_a_command_line_override_replaces_the_entrys_own():
     assert sweep_overrides(registry()["alibi_table2"].cls, [])[0] == "+experiment=alibi_table2"
 
 
+def test_a_cpu_entrys_jobs_run_one_per_core_unless_a_launcher_is_chosen():
+    """joblib at its n_jobs=-1 (one job per usable core) for a CPU entry, where it is installed
+    (the test extra installs it); a GPU entry's and a chosen launcher are left alone."""
+    cpu = registry()["gelberg2025_retrieval"].cls
+    assert sweep_overrides(cpu, ["seed=0"])[-1] == "hydra/launcher=joblib"
+    assert not [o for o in sweep_overrides(cpu, ["hydra/launcher=basic"]) if "joblib" in o]
+    assert not [o for o in sweep_overrides(registry()["alibi_table2"].cls, []) if "launcher" in o]
+
+
 @pytest.fixture(scope="module")
 def reproduced(tmp_path_factory):
     """alibi_table2_cpu at a toy scale, two encodings, through the installed CLI."""

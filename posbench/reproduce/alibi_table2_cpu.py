@@ -18,8 +18,7 @@ class AlibiTable2Cpu(AlibiTable2):  # the paper, its numbers and its claims; sca
     sweep = Sweep(overrides=(
         "encoding=" + ",".join(ENCODINGS), "model=tiny", "dataset=pystdlib", "train.seq_len=128",
         "train.steps=2000", "train.batch_size=16", "eval.lengths=[128,256,512,1024,2048]",
-        "eval.protocol=nonoverlapping", "device=cpu", "hydra/launcher=joblib",
-        "hydra.launcher.n_jobs=2"))
+        "eval.protocol=nonoverlapping", "device=cpu"))
     claims = claims(
         0.15, "posbench's parity tolerance (posbench/core/parity.py): at this budget sinusoidal "
         "ends 12.8% ± 1.0% behind T5 at L over 3 seeds (docs/results.md), the absolute encodings "

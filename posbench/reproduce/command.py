@@ -4,6 +4,7 @@ re-scores of its finished runs, `posbench eval RUN_DIR overrides`, then its judg
 input is one line and exit 2, with nothing written."""
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -18,6 +19,8 @@ from posbench.reports.report import find_runs
 from posbench.reproduce.judge import check_owner, finished_records, judge
 from posbench.reproduce.rescores import dry_run_line, planned
 
+# the launcher that runs a CPU entry's jobs side by side (the cluster and test extras install it)
+JOBLIB = importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") is not None
 USAGE = ("posbench reproduce --list | NAME [overrides] [--dry-run] | NAME --report DIR")
 SWEEP_DIR = "hydra.sweep.dir"
 DEFAULT_ROOT = "outputs/reproduce"
@@ -49,7 +52,16 @@ def sweep_overrides(entry, given: List[str]) -> List[str]:
     kept = [o for o in entry.sweep.overrides
             if override_key(o) not in keys and not override_key(o).startswith(groups)]
     head = [f"+experiment={entry.sweep.experiment}"] if entry.sweep.experiment else []
-    return head + kept + list(given)
+    return head + kept + list(given) + one_job_per_core(entry, keys)
+
+
+def one_job_per_core(entry, keys) -> List[str]:
+    """A CPU entry's jobs run one per usable core (joblib's n_jobs=-1; posbench gives each job
+    its share of the threads) where the joblib launcher is installed and the command line
+    chooses no launcher; without it they run one after another."""
+    if entry.device != "cpu" or "hydra/launcher" in keys or not JOBLIB:
+        return []
+    return ["hydra/launcher=joblib"]
 
 
 def posbench_command() -> List[str]:

@@ -25,7 +25,7 @@ class Haviv2022Nope(Reproduction):
     sweep = Sweep(overrides=(
         "encoding=" + ",".join(ENCODINGS), "model=tiny", "model.d_model=64,128",
         "dataset=pystdlib", "train.seq_len=128", "train.steps=2000", "train.batch_size=16",
-        "eval.lengths=[128]", "device=cpu", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"))
+        "eval.lengths=[128]", "device=cpu"))
     groups = ENCODINGS
     published = {
         "nope": {"125M": 22.15, "350M": 16.87, "760M": 14.29, "1.3B": 13.10},
