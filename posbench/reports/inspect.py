@@ -133,7 +133,7 @@ def lag_mass(model, x: torch.Tensor):
     totals, entropies, sinks = [], [], []
 
     def catch(attn, args):
-        inp, pos, encoding = args
+        inp, pos, encoding = args[:3]  # and segments: None, evaluation cuts no sequence
         q, k, _ = attn.heads(inp, pos, encoding)
         B, H = q.shape[:2]
         total = torch.zeros(B, H, T, dtype=torch.float64, device=x.device)
