@@ -44,6 +44,11 @@ USAGE = """usage: posbench <verb> [args]
                              with train.rope_scaling=none|pi|ntk|yarn|llama3 or train.pose_span
                              (PoSE), its metric by step in eval_vs_step.csv; -m sweeps, e.g.
                              posbench extend RUN_DIR -m train.rope_scaling=pi,yarn
+  longrope RUN_DIR --length N [--seed S] [--scale X]
+                             LongRoPE's evolutionary search for per-pair RoPE factors at length N
+                             (> the training length) into RUN_DIR/longrope-N-seedS.json, for
+                             posbench eval RUN_DIR eval.rope_scaling=longrope
+                             eval.longrope_factors=...; --scale: the reference's sizes times X
   inspect RUN_DIR [--lengths L1,L2]
                              plots that explain a run (learned positions' PCA, attention mass by
                              lag per head) into RUN_DIR; lengths default to train length and 4x
@@ -751,6 +756,26 @@ def lengths_option(args: list):
     return [int(n) for n in text.split(",")]
 
 
+LONGROPE_USAGE = "posbench longrope RUN_DIR --length N [--seed S] [--scale X]"
+
+
+def longrope_args(rest: list) -> Tuple[Path, int, int, float]:
+    """`RUN_DIR --length N [--seed S] [--scale X]` (or --key=value) -> (RUN_DIR, N, S, X); S is
+    0 and X the CPU's scale (posbench/runs/longrope_search.py) unless given."""
+    from posbench.runs.longrope_search import CPU_SCALE
+
+    run_dir = run_dir_arg("longrope", rest, LONGROPE_USAGE)
+    args = [part for arg in rest[1:] for part in arg.split("=", 1)]
+    given = dict(zip(args[::2], args[1::2]))
+    numbers = {"--length": r"[1-9]\d*", "--seed": r"\d+", "--scale": r"\d+(\.\d*)?|\.\d+"}
+    if (len(args) % 2 or len(given) != len(args) // 2 or "--length" not in given
+            or any(k not in numbers or not re.fullmatch(numbers[k], v) for k, v in given.items())):
+        raise ConfigError(f"{shlex.join(rest[1:])!r} is not accepted; expected `{LONGROPE_USAGE}` "
+                          "with a positive integer N, an integer S >= 0 and a number X")
+    return (run_dir, int(given["--length"]), int(given.get("--seed", 0)),
+            float(given.get("--scale", CPU_SCALE)))
+
+
 def report_args(rest: list) -> Tuple[Path, Optional[str]]:
     """`DIR [--protocol NAME]` (or --protocol=NAME) -> (DIR, NAME or None)."""
     args = list(rest)
@@ -779,7 +804,8 @@ def main() -> None:
         print(f"posbench {posbench.__version__}")
         return
     verb, rest = argv[0], argv[1:]
-    if verb in ("report", "inspect", "extend") and rest and rest[0] in ("-h", "--help"):
+    if verb in ("report", "inspect", "extend", "longrope") and rest and rest[0] in ("-h",
+                                                                                    "--help"):
         # these verbs take a path first: their usage, not a run dir called --help
         print(verb_usage(verb))
         return
@@ -824,6 +850,10 @@ def run_verb(verb: str, rest: list) -> None:
         evaluate_runs(rest)
     elif verb == "extend":
         extend_runs(rest)
+    elif verb == "longrope":
+        from posbench.runs.longrope_search import run_search
+
+        run_search(*longrope_args(rest))
     elif verb == "inspect":
         run_dir = run_dir_arg(verb, rest, "posbench inspect RUN_DIR [--lengths L1,L2]")
         from posbench.reports.inspect import inspect_run
@@ -841,4 +871,4 @@ def run_verb(verb: str, rest: list) -> None:
         list_components()
     else:
         raise ConfigError(f"verb {verb!r} is not accepted; expected one of train, eval, "
-                          "extend, inspect, report, reproduce, list")
+                          "extend, longrope, inspect, report, reproduce, list")

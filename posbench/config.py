@@ -156,9 +156,9 @@ class Config:
     device: str = "auto"
 
 
-ROPE_SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn", "llama3", "rerope", "self_extend",
-                 "shifted_rope", "dca", "streaming_llm")
-ROPE_REMAPS = ROPE_SCALINGS[6:]  # of relative distances, not of frequencies
+ROPE_SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope", "rerope",
+                 "self_extend", "shifted_rope", "dca", "streaming_llm")
+ROPE_REMAPS = ROPE_SCALINGS[7:]  # of relative distances, not of frequencies
 # the remaps that read eval.rope_window (streaming_llm's window is eval.lambda_window)
 WINDOWED_REMAPS = ROPE_REMAPS[:-1]
 # train.rope_scaling, static or dynamic
@@ -308,6 +308,25 @@ def _check_rope_remap(cfg) -> None:
                 f"{cfg.encoding.get('name')}; "
                 f"the remaps apply to the encodings that rotate by RoPE alone: "
                 + ", ".join(remappable))
+
+
+def _check_longrope(cfg) -> None:
+    """eval.longrope_factors, which eval.rope_scaling=longrope needs and nothing else reads; the
+    file's values against the rotary head and the training length are read now, so that a bad
+    file is refused before any work (posbench/encodings/longrope.py)."""
+    from posbench.encodings.longrope import HOW, run_factors
+
+    path = cfg.eval.get("longrope_factors")  # absent from runs saved before it existed
+    if cfg.eval.rope_scaling != "longrope":
+        require(path is None, "eval.longrope_factors", path,
+                "null unless eval.rope_scaling=longrope")
+        return
+    require(path is not None, "eval.longrope_factors", path,
+            f"the path of a JSON file of LongRoPE factors with eval.rope_scaling=longrope {HOW}")
+    factor = cfg.eval.get("rope_scaling_factor")
+    require(factor is None, "eval.rope_scaling_factor", factor,
+            "null for longrope (its file holds a factor per pair and the length they fit)")
+    run_factors(cfg)
 
 
 def _check_attention(m) -> None:
@@ -561,6 +580,7 @@ def check(cfg: DictConfig) -> None:
              "eval.rope_scaling", cfg.eval.rope_scaling,
              f"'none' for encoding={cfg.encoding.get('name')}, which does not rotate q and k")
     _check_rope_scaling_factor(cfg.eval)
+    _check_longrope(cfg)
     _check_rope_remap(cfg)
     _check_decoupled_rope(cfg)
     positions = cfg.eval.get("randomized_positions", EvalConfig.randomized_positions)

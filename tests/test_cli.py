@@ -196,7 +196,7 @@ def test_eval_lengths_none_past_the_training_length_are_named_before_training(tm
 
 def test_help_version_and_the_key_a_refusal_names(tmp_path, toy, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    for verb in ("report", "inspect", "extend"):
+    for verb in ("report", "inspect", "extend", "longrope"):
         proc = run_in_process([verb, "--help"], monkeypatch, capsys)
         assert proc.stdout.startswith(f"usage: posbench {verb} ") and proc.stderr == ""
     assert posbench_cli("--version", cwd=tmp_path).stdout == f"posbench {posbench.__version__}\n"

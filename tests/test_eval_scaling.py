@@ -350,7 +350,7 @@ def test_rope_scaling_on_a_non_rotary_encoding_fails_at_compose_in_one_line(enco
 def test_unknown_rope_scaling_lists_the_accepted_values():
     with pytest.raises(posbench.ConfigError, match=r"^eval.rope_scaling='linear' is not accepted; "
                                                   r"expected one of: none, pi, ntk, dynamic_ntk, "
-                                                  r"yarn, llama3, rerope, self_extend, "
+                                                  r"yarn, llama3, longrope, rerope, self_extend, "
                                                   r"shifted_rope, dca, streaming_llm$"):
         posbench.compose(["eval.rope_scaling=linear"])
 

@@ -51,6 +51,9 @@ TOY_EXTRA = {
     # the passkey format takes 58 tokens: more than the toy's windows of 32 and 64
     "eval.retrieval.enabled=true": ["eval.retrieval.lengths=[64,128]"],
 }
+# files that a command of the pages reads and another one writes: the writer runs first, where the
+# file is not there yet (parametrized commands may run in any order, on any worker)
+WRITTEN_BY = {"RUN_DIR/longrope-512-seed0.json": "posbench longrope RUN_DIR --length 512"}
 # the paths the pages stand for a run's dir and a sweep's
 PLACEHOLDERS = {"RUN_DIR": "sweep/run", "SWEEP_DIR": "sweep",
                 "outputs/reproduce/alibi_table2_cpu": "sweep"}
@@ -110,14 +113,22 @@ def test_the_pages_name_every_line_they_do_not_run():
 def test_the_command_runs(command, toy_sweep, tmp_path, monkeypatch, capsys):
     if command in CANNOT_RUN:
         pytest.skip(CANNOT_RUN[command])
+    def here(argv):
+        for placeholder, path in PLACEHOLDERS.items():
+            argv = [arg.replace(placeholder, str(toy_sweep / path)) for arg in argv]
+        return argv
+
     argv, how = as_run_here(command)
-    for placeholder, path in PLACEHOLDERS.items():
-        argv = [arg.replace(placeholder, str(toy_sweep / path)) for arg in argv]
+    argv = here(argv)
     (tmp_path / "conf").symlink_to(ROOT / "conf")  # as run from the repo's root
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "offline")
     # a dry run times one step of each model shape, not three (how it times: test_estimate.py)
     monkeypatch.setattr(estimate, "MEASURED_STEPS", 1)
+    for written, writer in WRITTEN_BY.items():
+        assert writer in posbench_commands()
+        if written in command and not Path(here([written])[0]).exists():
+            assert run_in_process(here(writer.split()[1:]), monkeypatch, capsys).returncode == 0
     proc = run_in_process(argv, monkeypatch, capsys)
     assert proc.returncode == 0, f"{command} ({how}): {proc.stderr[-3000:]}"
     if how == "dry run":

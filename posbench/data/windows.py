@@ -47,6 +47,15 @@ def spread(candidates: list, need: int, what: str, data, length: int, tokens: in
     return candidates[np.linspace(0, len(candidates) - 1, need).round().astype(np.int64)]
 
 
+def share_tokens(starts, span: int, windows) -> np.ndarray:
+    """For each window of `span` tokens at `starts`, whether it shares a token with one of
+    `windows`, (starts, span) pairs of other windows."""
+    other = np.concatenate([np.asarray(s, dtype=np.int64) for s, _ in windows])
+    ends = other + np.concatenate([np.full(len(s), n, dtype=np.int64) for s, n in windows])
+    starts = np.asarray(starts, dtype=np.int64)[:, None]
+    return ((starts < ends) & (other < starts + span)).any(1)
+
+
 def with_bos(rows: np.ndarray, bos: Optional[int]) -> np.ndarray:
     """Windows (B, n+1) with their first token replaced by `bos` under dataset.bos (as int64:
     BOS is one id past the token file's dtype)."""

@@ -116,10 +116,12 @@ class Randomized(PositionalEncoding):
         return self.base.positions(pos) if self.base.positions is not None else pos
 
     def set_eval_options(self, rope_scaling="none", temperature=None, rope_scaling_factor=None,
-                         randomized_positions="plain", rope_window=None, rope_shift=None):
+                         randomized_positions="plain", rope_window=None, rope_shift=None,
+                         longrope_factors=None):
         super().set_eval_options(rope_scaling, temperature, rope_scaling_factor,
                                  randomized_positions, rope_window, rope_shift)
-        self.base.set_eval_options(rope_scaling, rope_scaling_factor=rope_scaling_factor)
+        self.base.set_eval_options(rope_scaling, rope_scaling_factor=rope_scaling_factor,
+                                   longrope_factors=longrope_factors)
         # evaluation windows drawn so far, per length: window i of length n always gets the same
         # positions, counted from here
         self.windows_drawn = {}

@@ -4,7 +4,9 @@ length extensions of a trained RoPE model (docs/encodings.md#eval-time-options):
 - of its frequencies (PI, NTK, HF's dynamic NTK, YaRN, HF's llama3): each a function of one
   scale s (RoPE.scale), static when eval.rope_scaling_factor is set, the same s at every
   evaluated length as the PI, NTK and YaRN papers evaluate; dynamic when it is null,
-  s = max(1, n/L) from each evaluated length n and the training length L;
+  s = max(1, n/L) from each evaluated length n and the training length L; and LongRoPE's one
+  factor per pair, read from eval.longrope_factors and applied past L
+  (posbench/encodings/longrope.py);
 - of its relative distances (ReRoPE, Self-Extend, ShifTed RoPE, Dual Chunk Attention,
   StreamingLLM's cache positions; REMAPS): keys near the query keep RoPE's logit, the others get
   the logit of a remapped distance. The attention takes both logits from the `remap` hook
@@ -20,6 +22,7 @@ from posbench.attention.decoupled_rope import rotary_width
 from posbench.attention.span import GLOBAL, Span, lambda_span
 from posbench.core.errors import ConfigError, require
 from posbench.encodings.base import EncodingConfig, PositionalEncoding, register, relative_lag
+from posbench.encodings.longrope import LongRoPE, read_factors
 
 # YaRN's bounds in turns per training window, beta_fast and beta_slow of its released code: pairs
 # that turn more than 32 times in L tokens keep RoPE, pairs that turn less than once are scaled
@@ -288,6 +291,7 @@ class RoPE(PositionalEncoding):
     reference = "RoFormer (Su et al. 2021)"
 
     remapping: Optional[Remap] = None  # the distance remap in effect, set with eval.rope_scaling
+    longrope: Optional[LongRoPE] = None  # LongRoPE's factors, with eval.rope_scaling=longrope
 
     @dataclass
     class Config(EncodingConfig):
@@ -344,6 +348,8 @@ class RoPE(PositionalEncoding):
                                   self.dims.scaling_len), yarn_attention_factor(s))
         if self.rope_scaling == "llama3":
             return llama3_inv_freq(self.inv_freq, s, self.dims.scaling_len), 1.0
+        if self.rope_scaling == "longrope":  # s > 1: past L, the factors are the scale
+            return self.longrope.inv_freq(self.inv_freq), self.longrope.attention_factor
         raise ValueError(f"rope_scaling={self.rope_scaling!r} is not implemented")
 
     def rotate(self, q, k, pos, layer):
@@ -359,12 +365,20 @@ class RoPE(PositionalEncoding):
         return dims.n_layer * (7 * batch * length * rotated + 4.5 * length * dims.head_dim)
 
     def set_eval_options(self, rope_scaling="none", temperature=None, rope_scaling_factor=None,
-                         randomized_positions="plain", rope_window=None, rope_shift=None):
+                         randomized_positions="plain", rope_window=None, rope_shift=None,
+                         longrope_factors=None):
+        """longrope_factors: a factors file's path, or the factors themselves (LongRoPE: the
+        search's candidates)."""
         if rope_scaling in REMAPS and not self.rope_remaps:
             raise ValueError(f"rope_scaling={rope_scaling!r} needs RoPE's rotation alone, not "
                              f"{type(self).__name__}'s")
         super().set_eval_options(rope_scaling, temperature, rope_scaling_factor,
                                  randomized_positions, rope_window, rope_shift)
+        self.longrope = None
+        if rope_scaling == "longrope":
+            self.longrope = (longrope_factors if isinstance(longrope_factors, LongRoPE) else
+                             read_factors(longrope_factors, len(self.inv_freq),
+                                          self.dims.scaling_len))
         # a remap needs two logits per (query, key): its hook rotates q and k itself, in place of
         # `rotate`, and the attention takes the remapped path (posbench/attention/paths.py)
         self.__dict__.pop("rotate", None)

@@ -46,16 +46,17 @@ class EvalConfig:
     stride: Optional[int] = None
     batch_tokens: int = 16384
     # options applied at evaluation only, without retraining (docs/encodings.md, "Eval-time
-    # options"). rope_scaling (rotary encodings): none, pi, ntk, yarn, llama3 (HF's), or
-    # dynamic_ntk (HF's); or a remap of relative distances (RoPE-rotated encodings): rerope,
-    # self_extend, shifted_rope, dca (Dual Chunk Attention), streaming_llm (StreamingLLM's
-    # positions in its cache of the lambda mask's sinks and window; with attention=lambda).
+    # options"). rope_scaling (rotary encodings): none, pi, ntk, yarn, llama3 (HF's),
+    # dynamic_ntk (HF's) or longrope (longrope_factors); or a remap of relative distances
+    # (RoPE-rotated encodings): rerope, self_extend, shifted_rope, dca (Dual Chunk Attention),
+    # streaming_llm (StreamingLLM's positions in its cache of the lambda mask's sinks and
+    # window; with attention=lambda).
     # rope_scaling_factor: null is dynamic, s = max(1, n/L) recomputed for each evaluated length
     # n (L = train.seq_len); a number > 1 is a static s, as the papers evaluate: the same
     # frequencies at every length, also at n <= L. For dynamic_ntk it is HF's `factor` alpha
     # (null: 1), s = max(1, alpha*n/L - (alpha-1)) per length. For rerope it is the leaky
     # form's k (null: pure ReRoPE), for self_extend the group size G (null: the smallest that
-    # fits each length), for shifted_rope, dca and streaming_llm null.
+    # fits each length), for shifted_rope, dca, streaming_llm and longrope null.
     rope_scaling: str = "none"
     rope_scaling_factor: Optional[float] = None
     # the remaps' window (null: the method's default at L): rerope's w (L/8), self_extend's
@@ -65,6 +66,10 @@ class EvalConfig:
     rope_window: Optional[int] = None
     # shifted_rope's S (null: L/3): lags d >= S are shifted to d - S + W
     rope_shift: Optional[int] = None
+    # with rope_scaling=longrope: the JSON file of LongRoPE's factors, one per rotary pair, and
+    # the length they were chosen for (`posbench longrope RUN_DIR --length N` writes one;
+    # posbench/encodings/longrope.py); results.json records the values
+    longrope_factors: Optional[str] = None
     # the softmax temperature at evaluation, in place of every layer's fixed one (a learned one,
     # ssmax, stays): logn, llama4_floorlog, yarn, drope_beta or none; null: the model's
     temperature: Optional[str] = None

@@ -123,7 +123,7 @@ def score(model, plans: List[EvalPlan], eval_cfg, device: torch.device) -> List[
     bar = Bar("eval", len(plans), "length")
     for plan in plans:
         curve.append(scored_within_memory(
-            device, lambda: _score(model, plan, eval_cfg.batch_tokens, device),
+            device, lambda: score_plan(model, plan, eval_cfg.batch_tokens, device),
             length=plan.length))
         bar.update()
         point = curve[-1]
@@ -141,7 +141,9 @@ def _token_scores(model, x, y, with_hits: bool):
     return F.cross_entropy(logits.transpose(1, 2), y, reduction="none"), logits.argmax(-1) == y
 
 
-def _score(model, plan: EvalPlan, batch_tokens: int, device) -> dict:
+def score_plan(model, plan: EvalPlan, batch_tokens: int, device) -> dict:
+    """The curve point of one plan's windows: mean loss over the scored targets, ppl, tokens,
+    by position and by window (and accuracy, for a task's answers)."""
     n = plan.length
     loss_sum = torch.zeros(n, dtype=torch.float64, device=device)
     counts = torch.zeros(n, dtype=torch.int64, device=device)

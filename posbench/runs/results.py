@@ -10,11 +10,14 @@ from typing import Dict, List, Optional
 
 from posbench.attention.span import lambda_span
 from posbench.config import EvalConfig, to_container
+from posbench.data.windows import share_tokens
+from posbench.encodings.longrope import run_factors
 from posbench.encodings.rope import remap_record
 from posbench.core.io import write_json, write_text
 from posbench.core.parity import ppl_at
 from posbench import evaluations
-from posbench.evaluations.perplexity import ppl_effective_length, protocol_of
+from posbench.evaluations.base import eval_config, with_train_length
+from posbench.evaluations.perplexity import plans, ppl_effective_length, protocol_of
 from posbench.core.plots import plot_curves, plot_per_position
 from posbench.core.version import __version__
 
@@ -43,6 +46,8 @@ def results_record(cfg, model, data, curve: List[dict], train: dict,
                  "rope_scaling_factor": cfg.eval.rope_scaling_factor,
                  # the distance remaps (rerope, self_extend, ...): their values at this L
                  "rope_remap": remap_record(cfg.eval, cfg.train.seq_len),
+                 # eval.rope_scaling=longrope: its factors by value
+                 "longrope": longrope_record(cfg, data),
                  # eval.attention=lambda: its sinks and window at this L; null: the model's masks
                  "attention": attention_record(cfg.eval, cfg.train.seq_len),
                  "temperature": cfg.eval.get("temperature"),
@@ -70,6 +75,26 @@ def results_record(cfg, model, data, curve: List[dict], train: dict,
         record["lineage"] = lineage(cfg)
     if error:
         record["error"] = error
+    return record
+
+
+def longrope_record(cfg, data) -> Optional[dict]:
+    """The factors file's values in effect (eval.longrope_factors, posbench/encodings/longrope.py),
+    its path, and `search_windows_scored`: how many of the windows the curve scored share a
+    token with the windows its search chose them on (posbench longrope picks windows that the
+    run's own curve does not score; a re-score at other lengths may); null where the file names
+    no search windows or the data are a task's. None without longrope."""
+    if cfg.eval.get("rope_scaling") != "longrope":
+        return None
+    path = cfg.eval.longrope_factors
+    record = {"path": str(Path(path).resolve()), **run_factors(cfg).record(),
+              "search_windows_scored": None}
+    windows = json.loads(Path(path).read_text()).get("windows")
+    scored = plans(data, with_train_length(eval_config(cfg.eval), cfg.train.seq_len))
+    if windows and all(plan.starts is not None for plan in scored):
+        searched = [(windows["starts"], windows["length"] + 1)]
+        record["search_windows_scored"] = int(sum(
+            share_tokens(plan.starts, plan.length + 1, searched).sum() for plan in scored))
     return record
 
 
@@ -183,6 +208,12 @@ def eval_options(record: dict) -> str:
         options.append(f"rope_scaling {e['rope_scaling']} (" + ", ".join(
             f"{key} {remap[key]:g}" for key in ("near", "window", "shift", "factor", "chunk")
             if remap.get(key) is not None) + ")")
+    elif e.get("longrope"):
+        longrope = e["longrope"]
+        shared = longrope["search_windows_scored"]
+        options.append(f"rope_scaling longrope (factors for {longrope['length']} from "
+                       f"{longrope['path']}" + (f"; {shared} scored windows share tokens with "
+                                                "the search's" if shared else "") + ")")
     elif e.get("rope_scaling", "none") != "none":
         options.append(f"rope_scaling {e['rope_scaling']} "
                        + (f"(static factor {factor:g})" if factor else "(dynamic)"))
