@@ -1,19 +1,24 @@
 """eval.longppl: key tokens and LongPPL against a float64 oracle that runs one forward per target
 on its exact short context, the evaluator run, refusals, and the CLI (train and re-score)."""
 import copy
+import errno
 import json
 import math
 import shutil
+import threading
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 
 import posbench
 from helpers import posbench_cli, results, run_in_process, wandb_history
 from posbench.data import prepare
+from posbench.evaluations import longppl_cache
 from posbench.evaluations.longppl import LongPPL, choose_keys, window_rows
+from posbench.evaluations.longppl_cache import FOLDER, key_path, key_text, read, write
 from posbench.model.transformer import build_model
 
 TINY = ["model.n_layer=2", "model.d_model=32", "model.n_head=2", "device=cpu"]
@@ -237,8 +242,206 @@ def test_an_evaluator_run_chooses_the_key_tokens_for_another(trained, monkeypatc
     assert rescored["evaluator"] == "judge"
     assert rescored["by_length"][-1]["key_tokens"] == point["key_tokens"]
     assert rescored["by_length"][-1]["longppl"] == pytest.approx(point["longppl"], rel=1e-5)
-    assert "longppl: length 64" in proc.stderr
+    # the judge's key tokens were cached by the runs above, whatever path named the judge
+    assert "longppl: length 64 (2/2) key tokens from cache" in proc.stderr
     assert list((root / "other").glob("longppl_vs_length.eval-*.png"))
+
+
+class Counted:
+    """The evaluator's loader (evaluations.plan's), counting the forwards of the models it
+    loads: the evaluator's long and short passes."""
+
+    def __init__(self):
+        self.forwards = 0
+
+    def __call__(self, run_dir, device):
+        from posbench.runs.run import trained_model
+
+        loaded = trained_model(run_dir, device)
+        loaded.model.blocks[0].register_forward_pre_hook(self.count)
+        return loaded
+
+    def count(self, *_):
+        self.forwards += 1
+
+
+def judged(model, evaluator, overrides=(), patch=None):
+    """LongPPL of `model` (an ALiBi model of TOY) with `evaluator`'s key tokens, and how many
+    forwards the evaluator ran; patch(section) first, where given."""
+    cfg = posbench.compose([*TOY, "encoding=alibi", "eval.longppl.enabled=true", *KEYS,
+                            f"eval.longppl.evaluator={evaluator}", *overrides])
+    section = LongPPL(LongPPL.config(cfg), cfg, prepare(cfg.dataset))
+    section.load_trained = Counted()
+    if patch is not None:
+        patch(section)
+    result = section.run(model, CPU)
+    return result, section.load_trained.forwards
+
+
+def cached_files(judge):
+    return sorted((judge / FOLDER).glob("*.bin"))
+
+
+@pytest.fixture(scope="module")
+def warm(trained, tmp_path_factory):
+    """A copy of the judge whose key tokens for the ALiBi run's TOY config are cached, that
+    run's model and its result."""
+    from posbench.runs.run import trained_model
+
+    root, _ = trained
+    judge = tmp_path_factory.mktemp("warm") / "judge"
+    shutil.copytree(root / "judge", judge, ignore=shutil.ignore_patterns("wandb", FOLDER))
+    other = trained_model(root / "other").model
+    result, forwards = judged(other, judge)
+    assert forwards > 0 and len(cached_files(judge)) == 2  # one file per length
+    return judge, other, result
+
+
+def warm_copy(warm, tmp_path):
+    return shutil.copytree(warm[0], tmp_path / "judge")
+
+
+def test_two_runs_get_the_evaluators_key_tokens_from_its_cache_bit_for_bit(warm, tmp_path,
+                                                                          capsys):
+    judge = warm_copy(warm, tmp_path)
+    _, other, first = warm
+    torch.manual_seed(1)
+    fresh = build_model(posbench.compose([*TOY, "encoding=alibi"]), other.head.out_features)
+    capsys.readouterr()
+    again, forwards = judged(other, judge)
+    assert forwards == 0 and again["by_length"] == first["by_length"]
+    from_cache, forwards = judged(fresh.eval(), judge)
+    err = capsys.readouterr().err
+    assert forwards == 0
+    assert "length 32 (1/2) key tokens from cache" in err
+    assert "length 64 (2/2) key tokens from cache" in err
+    shutil.rmtree(judge / FOLDER)
+    computed, forwards = judged(fresh, judge)
+    assert forwards > 0 and "length 64 (2/2) key tokens computed " in capsys.readouterr().err
+    assert from_cache == computed  # every float, bit for bit
+    assert computed["by_length"][-1]["key_tokens"] > 0
+    assert computed["by_length"][-1]["longppl"] != first["by_length"][-1]["longppl"]
+
+
+@pytest.mark.parametrize("warmed, changed, misses", [
+    ([], ["eval.longppl.alpha=0.5"], 2),
+    ([], ["eval.longppl.beta=50"], 2),
+    ([], ["eval.longppl.trunc_len=8"], 2),
+    ([], ["eval.longppl.block=2"], 2),
+    ([], ["eval.tokens=128"], 2),
+    ([], ["eval.protocol=sliding", "eval.stride=16"], 2),
+    (["eval.protocol=sliding", "eval.stride=16"], ["eval.protocol=sliding", "eval.stride=8"], 2),
+    ([], ["eval.lengths=[32,48]"], 1),  # 32 is cached
+    ([], ["eval.batch_tokens=4096"], 2),
+    ([], ["eval.stride=8"], 0),  # nonoverlapping ignores it: the same windows
+    ([], ["eval.temperature=logn"], 0),  # the judged run's own options: not the evaluator's
+])
+def test_a_change_of_what_decides_the_key_tokens_misses_the_cache(warm, tmp_path, capsys,
+                                                                   warmed, changed, misses):
+    judge = warm_copy(warm, tmp_path)
+    other = warm[1]
+    if warmed:
+        judged(other, judge, warmed)
+    capsys.readouterr()
+    _, forwards = judged(other, judge, changed)
+    assert capsys.readouterr().err.count("key tokens computed") == misses
+    assert (forwards > 0) == (misses > 0)
+
+
+def test_the_evaluators_checkpoint_its_eval_options_and_the_corpus_are_in_the_key(
+        warm, tmp_path, monkeypatch):
+    from posbench.runs.checkpoint import Checkpoint
+
+    judge = warm_copy(warm, tmp_path)
+    other = warm[1]
+    original = LongPPL.judge
+
+    def with_temperature(self, model, device):
+        judge_model, node, digest = original(self, model, device)
+        return judge_model, OmegaConf.merge(node, {"temperature": "logn"}), digest
+
+    with monkeypatch.context() as patched:
+        patched.setattr(LongPPL, "judge", with_temperature)
+        assert judged(other, judge)[1] > 0
+    assert judged(other, judge)[1] == 0
+    assert judged(other, judge, patch=lambda s: monkeypatch.setattr(
+        s.data, "fingerprint", "sha256:0"))[1] > 0
+    monkeypatch.undo()
+    assert judged(other, judge)[1] == 0
+    checkpoint = Checkpoint.load(judge / "checkpoint.pt")  # the same path, other weights
+    checkpoint.model["tok_emb.weight"][0, 0] += 1
+    checkpoint.save(judge / "checkpoint.pt")
+    assert judged(other, judge)[1] > 0
+    assert len(cached_files(judge)) == 8  # and nothing was replaced
+
+
+@pytest.mark.parametrize("corrupt", [
+    lambda blob: blob[:len(blob) // 2],  # truncated
+    lambda blob: blob[:-1] + bytes([blob[-1] ^ 1]),  # one bit of the mask
+    lambda blob: blob.replace(b'"shape": [', b'"shape": [1, '),
+    lambda blob: b"",
+])
+def test_a_corrupt_cached_file_is_recomputed_and_replaced(warm, tmp_path, capsys, corrupt):
+    judge = warm_copy(warm, tmp_path)
+    _, other, first = warm
+    for path in cached_files(judge):
+        path.write_bytes(corrupt(path.read_bytes()))
+    capsys.readouterr()
+    result, forwards = judged(other, judge)
+    assert forwards > 0 and result["by_length"] == first["by_length"]
+    assert capsys.readouterr().err.count("was corrupt or unreadable: replaced") == 2
+    assert judged(other, judge)[1] == 0
+
+
+def test_an_evaluator_dir_that_cannot_be_written_only_goes_uncached(warm, tmp_path, capsys,
+                                                                    monkeypatch):
+    judge = warm_copy(warm, tmp_path)
+    _, other, first = warm
+    shutil.rmtree(judge / FOLDER)
+
+    def read_only(path):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(longppl_cache, "atomic_path", read_only)
+    capsys.readouterr()
+    result, forwards = judged(other, judge)
+    assert forwards > 0 and result["by_length"] == first["by_length"]
+    assert capsys.readouterr().err.count("key tokens computed, not cached (") == 2
+    assert not cached_files(judge)
+
+
+def test_writers_of_one_key_at_once_all_succeed_and_leave_a_valid_file(tmp_path):
+    mask = torch.rand(5, 64, generator=torch.Generator().manual_seed(0)) < 0.3
+    text = key_text({"length": 64})
+    path = key_path(tmp_path, text)
+    start, errors, seen = threading.Barrier(3), [], []
+
+    def writer():
+        start.wait()
+        for _ in range(100):
+            write(path, text, mask)
+
+    def reader():  # a file that is there is always whole: never half of a write
+        start.wait()
+        while any(t.is_alive() for t in writers):
+            found = read(path, text, (5, 64))
+            seen.append(found is None or torch.equal(found, mask))
+
+    def caught(work):
+        try:
+            work()
+        except Exception as err:  # noqa: BLE001 - reported by the assertion below
+            errors.append(err)
+
+    writers = [threading.Thread(target=caught, args=(writer,)) for _ in range(2)]
+    watcher = threading.Thread(target=caught, args=(reader,))
+    for thread in (*writers, watcher):
+        thread.start()
+    for thread in (*writers, watcher):
+        thread.join()
+    assert not errors and all(seen)
+    assert torch.equal(read(path, text, (5, 64)), mask)
+    assert list(tmp_path.iterdir()) == [path]  # no temporary file left behind
 
 
 def refused(argv, monkeypatch, capsys, cwd):

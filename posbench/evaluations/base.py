@@ -244,13 +244,21 @@ def with_train_length(eval_cfg, train_len: int):
     return cfg
 
 
+def eval_options(eval_cfg) -> dict:
+    """The eval node's eval-time options, every key that set_eval_options reads from it
+    (defaults for the keys it lacks)."""
+    typed = eval_config(eval_cfg)
+    return {key: typed[key] for key in (*EVAL_OPTIONS, "attention", "lambda_sinks",
+                                        "lambda_window")}
+
+
 def set_eval_options(model, eval_cfg) -> None:
     """The encoding's eval-time options and the layers' eval.attention from the eval node
     (defaults for the keys it lacks)."""
-    typed = eval_config(eval_cfg)
-    model.encoding.set_eval_options(*(typed[key] for key in EVAL_OPTIONS))
-    span = (lambda_span(model.encoding.dims.train_len, typed.lambda_sinks, typed.lambda_window)
-            if typed.attention == "lambda" else None)
+    options = eval_options(eval_cfg)
+    model.encoding.set_eval_options(*(options[key] for key in EVAL_OPTIONS))
+    span = (lambda_span(model.encoding.dims.train_len, options["lambda_sinks"],
+                        options["lambda_window"]) if options["attention"] == "lambda" else None)
     for block in model.blocks:
         block.attn.set_eval_span(span)
 

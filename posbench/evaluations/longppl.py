@@ -28,8 +28,11 @@ forward of trunc_len tokens of its own, about trunc_len times the perplexity pas
 every length above trunc_len. block=b lets b consecutive targets share one forward of
 trunc_len+b-1 tokens, blocks laid from the window's start (their short contexts then hold
 trunc_len to trunc_len+b-1 tokens, as the reference's sliding_window does: 1024 at trunc_len
-4096; the first block's targets are not eligible), (trunc_len+b-1)/b times the perplexity pass. Memory is that of one perplexity batch (eval.batch_tokens tokens per forward, the head's
-logits in chunks), and the per-token losses of one length (float64, 3 x eval.tokens) on the CPU.
+4096; the first block's targets are not eligible), (trunc_len+b-1)/b times the perplexity pass.
+Another evaluator's key tokens are cached beside it (longppl_cache.py): of the runs it judges,
+the first runs its two passes, the others read them back. Memory is that of one perplexity
+batch (eval.batch_tokens tokens per forward, the head's logits in chunks), and the per-token
+losses of one length (float64, 3 x eval.tokens) on the CPU.
 """
 from __future__ import annotations
 
@@ -37,7 +40,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -47,9 +50,12 @@ from posbench.core.errors import ConfigError, require
 from posbench.core.plots import plot_curves
 from posbench.core.progress import Bar
 from posbench.data.base import dataset_class
+from posbench.data.documents import file_digest
 from posbench.data.windows import EvalPlan
 from posbench.evaluations.base import (Section, SectionConfig, eval_config, register,
-                                       scored_within_memory, set_eval_options, with_train_length)
+                                       eval_options, scored_within_memory, set_eval_options,
+                                       with_train_length)
+from posbench.evaluations.longppl_cache import FOLDER, cached_keys, windows_digest
 from posbench.evaluations.perplexity import plans
 
 HEAD_CHUNK = 4096  # targets whose logits exist at once in the short pass
@@ -208,15 +214,14 @@ def length_point(first: int, lowest: int, losses: torch.Tensor, keys: torch.Tens
             "ppl": math.exp(losses[:, first:].mean().item())}
 
 
-def score_length(model, judge, plan: EvalPlan, cfg: LongPPLConfig, trunc: int,
-                 bos: Optional[int], batch_tokens: int, device) -> dict:
-    """LongPPL at one length: `judge` (the evaluator, or `model` itself) chooses the key tokens,
-    `model`'s long-context losses on them are scored."""
+def score_length(model, plan: EvalPlan, trunc: int, block: int, batch_tokens: int, device,
+                 choose: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> dict:
+    """LongPPL at one length: choose(rows, long) gives the key-token mask of the windows (`long`:
+    `model`'s long-context losses), and `model`'s long-context losses on them are scored."""
     rows = window_rows(plan)
     long = long_losses(model, rows, batch_tokens, device)
-    keys = choose_keys(judge, rows, plan.first, cfg, trunc, bos, batch_tokens, device,
-                       long=long if judge is model else None)
-    return length_point(plan.first, lowest_eligible(plan.first, trunc, cfg.block), long, keys)
+    return length_point(plan.first, lowest_eligible(plan.first, trunc, block), long,
+                        choose(rows, long))
 
 
 def choose_keys(judge, rows: torch.Tensor, first: int, cfg: LongPPLConfig, trunc: int,
@@ -277,29 +282,53 @@ class LongPPL(Section):
         # the protocol's own windows, rebuilt: deterministic, so the same tokens it scores
         self.plans = plans(data, self.eval_cfg)
         self.trunc = trunc_length(cfg, run_cfg)
+        self.keys_from: Optional[str] = None  # where a length's evaluator key tokens came from
         if cfg.evaluator is not None:  # its corpus against this run's, before any work
             require_same_corpus(evaluator_record(cfg.evaluator), cfg.evaluator, data.name,
                                 data.fingerprint, _tokenizer_of(run_cfg.dataset))
 
     def judge(self, model, device):
-        """The evaluator's model and the eval node of its config (its own eval-time options);
-        the run's model and None when evaluator is null."""
+        """The evaluator's model, the eval node of its config (its own eval-time options) and
+        its checkpoint's sha256; the run's model and None twice when evaluator is null."""
         if self.cfg.evaluator is None:
-            return model, None
+            return model, None, None
         loaded = self.load_trained(Path(self.cfg.evaluator), device)
         theirs, ours = loaded.model.head.out_features, model.head.out_features
         if theirs != ours:
             raise ConfigError(f"eval.longppl.evaluator={self.cfg.evaluator!r} is not accepted: "
                               f"its vocabulary has {theirs} tokens, this run's {ours}; expected "
                               "an evaluator of the same tokenizer")
-        return loaded.model, loaded.config.eval
+        return loaded.model, loaded.config.eval, file_digest(loaded.checkpoint).hex()
+
+    def keys(self, judge, identity: Optional[dict], rows: torch.Tensor, first: int,
+             long: torch.Tensor, device) -> torch.Tensor:
+        """The key-token mask of windows `rows`: the run's own (identity None: judge is the
+        run's model, `long` its losses), or the evaluator's, read from its cache under
+        `identity` and these windows or computed and stored (longppl_cache.py). self.keys_from
+        says which, for the log."""
+        cfg, batch_tokens = self.cfg, self.eval_cfg.batch_tokens
+        bos = getattr(self.data, "bos", None)
+        if identity is None:
+            return choose_keys(judge, rows, first, cfg, self.trunc, bos, batch_tokens, device,
+                               long=long)
+        key = {**identity, "length": rows.shape[1] - 1, "first": first,
+               "windows": windows_digest(rows)}
+        mask, self.keys_from = cached_keys(
+            Path(cfg.evaluator) / FOLDER, key, tuple(long.shape),
+            lambda: choose_keys(judge, rows, first, cfg, self.trunc, bos, batch_tokens, device))
+        return mask
 
     @torch.no_grad()
     def run(self, model, device: torch.device) -> dict:
         cfg, trunc = self.cfg, self.trunc
-        judge, judge_eval = self.judge(model, device)
+        judge, judge_eval, digest = self.judge(model, device)
         model.eval()
-        bos = getattr(self.data, "bos", None)
+        # the evaluator's key tokens are cached under all that decides them (longppl_cache.py)
+        identity = None if cfg.evaluator is None else {
+            "evaluator": digest, "evaluator_eval": eval_options(judge_eval),
+            "corpus": self.data.fingerprint, "trunc_len": trunc, "block": cfg.block,
+            "alpha": cfg.alpha, "beta": cfg.beta, "batch_tokens": self.eval_cfg.batch_tokens,
+            "device": device.type}
         points = []
         bar = Bar("longppl", len(self.plans), "length")
         for plan in self.plans:
@@ -308,13 +337,17 @@ class LongPPL(Section):
             set_eval_options(model, self.run_cfg.eval)
             if judge is not model:
                 set_eval_options(judge, judge_eval)
+            self.keys_from = None
             points.append(scored_within_memory(
-                device, lambda: score_length(model, judge, plan, cfg, trunc, bos,
-                                             self.eval_cfg.batch_tokens, device),
+                device, lambda: score_length(
+                    model, plan, trunc, cfg.block, self.eval_cfg.batch_tokens, device,
+                    lambda rows, long: self.keys(judge, identity, rows, plan.first, long,
+                                                 device)),
                 length=plan.length))
             bar.update()
             p = points[-1]
-            bar.log(f"length {plan.length} ({bar.n}/{bar.total})",
+            bar.log(f"length {plan.length} ({bar.n}/{bar.total})"
+                    + (f" key tokens {self.keys_from}" if self.keys_from else ""),
                     **({"status": p["status"]} if "status" in p else {
                         "ppl": f"{p['ppl']:.3f}",
                         "longppl": "null" if p["longppl"] is None else f"{p['longppl']:.3f}",
