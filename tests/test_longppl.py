@@ -355,14 +355,23 @@ def test_the_evaluators_checkpoint_its_eval_options_and_the_corpus_are_in_the_ke
     judge = warm_copy(warm, tmp_path)
     other = warm[1]
     original = LongPPL.judge
+    factors = tmp_path / "factors.json"
 
-    def with_temperature(self, model, device):
-        judge_model, node, digest = original(self, model, device)
-        return judge_model, OmegaConf.merge(node, {"temperature": "logn"}), digest
+    def with_options(options):
+        def judge_with(self, model, device):
+            judge_model, node, digest = original(self, model, device)
+            return judge_model, OmegaConf.merge(node, options), digest
+        return judge_with
 
     with monkeypatch.context() as patched:
-        patched.setattr(LongPPL, "judge", with_temperature)
+        patched.setattr(LongPPL, "judge", with_options({"temperature": "logn"}))
         assert judged(other, judge)[1] > 0
+    with monkeypatch.context() as patched:  # a factors file by what it holds, not its path
+        patched.setattr(LongPPL, "judge", with_options(
+            {"rope_scaling": "longrope", "longrope_factors": str(factors)}))
+        for factor, misses in ((1.0, True), (1.0, False), (2.0, True)):
+            factors.write_text(json.dumps({"factors": [factor] * 8, "length": 64}))
+            assert (judged(other, judge)[1] > 0) == misses
     assert judged(other, judge)[1] == 0
     assert judged(other, judge, patch=lambda s: monkeypatch.setattr(
         s.data, "fingerprint", "sha256:0"))[1] > 0
@@ -372,7 +381,7 @@ def test_the_evaluators_checkpoint_its_eval_options_and_the_corpus_are_in_the_ke
     checkpoint.model["tok_emb.weight"][0, 0] += 1
     checkpoint.save(judge / "checkpoint.pt")
     assert judged(other, judge)[1] > 0
-    assert len(cached_files(judge)) == 8  # and nothing was replaced
+    assert len(cached_files(judge)) == 12  # and nothing was replaced
 
 
 @pytest.mark.parametrize("corrupt", [

@@ -224,6 +224,15 @@ def score_length(model, plan: EvalPlan, trunc: int, block: int, batch_tokens: in
                         choose(rows, long))
 
 
+def options_by_value(eval_cfg) -> dict:
+    """eval_options, a LongRoPE factors file (eval.longrope_factors) by its contents' sha256:
+    what the file holds changes the losses, not where it is."""
+    options = eval_options(eval_cfg)
+    if options["longrope_factors"] is not None:
+        options["longrope_factors"] = file_digest(Path(options["longrope_factors"])).hex()
+    return options
+
+
 def choose_keys(judge, rows: torch.Tensor, first: int, cfg: LongPPLConfig, trunc: int,
                 bos: Optional[int], batch_tokens: int, device,
                 long: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -324,11 +333,13 @@ class LongPPL(Section):
         judge, judge_eval, digest = self.judge(model, device)
         model.eval()
         # the evaluator's key tokens are cached under all that decides them (longppl_cache.py)
-        identity = None if cfg.evaluator is None else {
-            "evaluator": digest, "evaluator_eval": eval_options(judge_eval),
-            "corpus": self.data.fingerprint, "trunc_len": trunc, "block": cfg.block,
-            "alpha": cfg.alpha, "beta": cfg.beta, "batch_tokens": self.eval_cfg.batch_tokens,
-            "device": device.type}
+        identity = None
+        if cfg.evaluator is not None:
+            set_eval_options(judge, judge_eval)  # a factors file it cannot read: refused first
+            identity = {"evaluator": digest, "evaluator_eval": options_by_value(judge_eval),
+                        "corpus": self.data.fingerprint, "trunc_len": trunc, "block": cfg.block,
+                        "alpha": cfg.alpha, "beta": cfg.beta,
+                        "batch_tokens": self.eval_cfg.batch_tokens, "device": device.type}
         points = []
         bar = Bar("longppl", len(self.plans), "length")
         for plan in self.plans:

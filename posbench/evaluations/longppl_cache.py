@@ -10,7 +10,8 @@ alone and may sit on another disk than the runs.
 
 The key is everything that decides the key tokens, so that a change of any of them misses:
   - the evaluator: the sha256 of its checkpoint.pt (its weights and config), and its eval-time
-    options (evaluations/base.py eval_options) as this posbench reads its config;
+    options (evaluations/base.py eval_options) as this posbench reads its config, a LongRoPE
+    factors file by the sha256 of what it holds;
   - the windows: the corpus fingerprint, the length, the first scored position, and the sha256
     of the windows' tokens themselves, so whatever picks them (eval.protocol, eval.stride,
     eval.tokens, dataset.bos) is in the key without being listed;
