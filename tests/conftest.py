@@ -15,10 +15,7 @@ os.environ.setdefault("POSBENCH_CACHE", tempfile.mkdtemp(prefix="posbench-test-c
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.pop("WANDB_API_KEY", None)
 
-# device=cpu: with device=auto a visible GPU would train every CLI test on CUDA
-TOY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.steps=3",
-       "train.batch_size=2", "train.seq_len=32", "train.warmup_steps=1", "eval.lengths=[32,64]",
-       "eval.tokens=256", "device=cpu"]
+from helpers import TOY  # noqa: E402 (after the environment it reads)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -49,6 +49,13 @@ def window_starts(data, length, tokens):
     return eval_plan(data, length, {"lengths": [length], "tokens": tokens}).starts
 
 
+# the toy run of the CLI tests (conftest's `toy`); device=cpu: with device=auto a visible GPU
+# would train every CLI test on CUDA
+TOY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.steps=3",
+       "train.batch_size=2", "train.seq_len=32", "train.warmup_steps=1", "eval.lengths=[32,64]",
+       "eval.tokens=256", "device=cpu"]
+
+
 def posbench_cli(*args, cwd, env=None, timeout=600, ok=True, **kwargs):
     """The installed `posbench ARGS` in a subprocess; with ok, it must exit 0."""
     proc = subprocess.run([shutil.which("posbench"), *args], cwd=cwd, env=env, capture_output=True,

@@ -5,13 +5,13 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import posbench
 import posbench.attention.paths as attention
 from posbench.attention.paths import attend
 from posbench.attention.span import Span
 from posbench.core.errors import ConfigError
+from test_attention_paths import LargestTensor
 
 B, H, T, d = 2, 3, 24, 8
 
@@ -139,19 +139,6 @@ def test_blocks_of_query_rows_equal_one_dense_block_at_16L(name, span, monkeypat
     for g, r in zip(torch.autograd.grad((blocks * probe).sum(), wrt),
                     torch.autograd.grad((dense * probe).sum(), wrt)):
         torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-10)
-
-
-class LargestTensor(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.numel = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.numel = max(self.numel, t.numel())
-        return out
 
 
 @pytest.mark.parametrize("name", ["dape", "dape_v2"])

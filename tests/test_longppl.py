@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 import posbench
-from helpers import posbench_cli, results, run_in_process, wandb_history
+from helpers import posbench_cli, results, run_in_process, wandb_history, TOY
 from posbench.data import prepare
 from posbench.evaluations import longppl_cache
 from posbench.evaluations.longppl import LongPPL, choose_keys, window_rows
@@ -137,9 +137,6 @@ def test_no_key_tokens_is_null_and_a_count_of_0_and_short_lengths_have_none():
         "eval/longppl": None, "eval/longppl_key_tokens": 0, "eval/longppl_fraction": 0.0}
 
 
-TOY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.steps=3",
-       "train.batch_size=2", "train.seq_len=32", "train.warmup_steps=1", "eval.lengths=[32,64]",
-       "eval.tokens=256", "device=cpu"]
 KEYS = ["eval.longppl.alpha=0", "eval.longppl.beta=100", "eval.longppl.trunc_len=16"]
 
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import posbench
-from helpers import Blind, Copier, posbench_cli, results, run_in_process
+from helpers import Blind, Copier, posbench_cli, results, run_in_process, TOY
 from posbench.data import prepare
 from posbench.data.tokenize import _byte_chars
 from posbench.evaluations.ruler import Ruler, answer_scores, build_task
@@ -324,10 +324,6 @@ def test_bpe_lists_are_words_of_the_tokenizers_lowercase_tokens(bpe_vocab, name,
 
 # ---- refusals --------------------------------------------------------------------------------
 
-TOY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.steps=3",
-       "train.batch_size=2", "train.seq_len=32", "train.warmup_steps=1", "eval.lengths=[32,64]",
-       "eval.tokens=256", "device=cpu"]
-
 
 @pytest.mark.parametrize("overrides, refusal", [
     (["eval.ruler.lengths=[64,128]"], "eval.ruler.tasks=niah_multikey_1 at length 64 is not "
@@ -348,7 +344,7 @@ TOY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.steps=3",
     (["eval.ruler.hops=0"], "eval.ruler.hops=0 is not accepted; expected a positive integer"),
 ])
 def test_what_cannot_be_drawn_is_refused_in_one_line_before_any_work(
-        tmp_path, monkeypatch, capsys, overrides, refusal):
+        tmp_path, monkeypatch, capsys, overrides, refusal, stdlib_data):  # tokenized: no progress
     monkeypatch.chdir(tmp_path)
     proc = run_in_process(["train", *TOY, "eval.ruler.enabled=true", *overrides,
                            "hydra.run.dir=run"], monkeypatch, capsys)

@@ -15,7 +15,7 @@ import torch
 from scipy.special import zeta as scipy_zeta
 
 import posbench
-from helpers import run_in_process
+from helpers import run_in_process, TOY
 from posbench.evaluations import ruler
 from posbench.evaluations.ruler import Ruler, answer_scores, build_task
 from posbench.evaluations.ruler_tasks import Vocabulary, instances
@@ -234,10 +234,6 @@ def test_the_training_mix_plants_cwe_and_fwe_rows_at_the_training_length(stdlib_
     assert seen["cwe"] > 10 and seen["fwe"] > 10
 
 
-TOY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.steps=3",
-       "train.batch_size=2", "train.seq_len=32", "train.warmup_steps=1", "eval.lengths=[32,64]",
-       "eval.tokens=256", "device=cpu"]
-
 
 @pytest.mark.parametrize("overrides, refusal", [
     # cwe's shortest list: 13 words of 3 bytes and their 12 spaces, with the query's 20 bytes
@@ -266,7 +262,7 @@ TOY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.steps=3",
      "train.seq_len=32 is not accepted: its shortest list"),
 ])
 def test_what_cannot_be_built_is_refused_in_one_line_before_any_work(
-        tmp_path, monkeypatch, capsys, overrides, refusal):
+        tmp_path, monkeypatch, capsys, overrides, refusal, stdlib_data):  # tokenized: no progress
     monkeypatch.chdir(tmp_path)
     proc = run_in_process(["train", *TOY, "eval.ruler.enabled=true", *overrides,
                            "hydra.run.dir=run"], monkeypatch, capsys)
