@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from helpers import run_in_process, wandb_summary
+from helpers import run_in_process, wandb_history, wandb_summary
 from posbench.reports.report import write_report
 from posbench.reports.stats import t95
 
@@ -156,12 +156,20 @@ def test_the_sweep_report_logs_parity_to_wandb(tmp_path):
     write(tmp_path, "b", run_record("sinusoidal", 0, {32: 6.0, 64: 9.0}))
     parity = write_report(tmp_path)
     assert parity["sinusoidal"]["under_trained"] and parity["sinusoidal"]["gap"] == pytest.approx(0.5)
+    # a second figure, as a folder of several sizes draws (by_size.png)
+    (tmp_path / "by_size.png").write_bytes((tmp_path / "ppl_vs_length.png").read_bytes())
     log_sweep_report(OmegaConf.create({"mode": "offline", "project": "posbench", "entity": None}),
                      tmp_path, parity)
     summary = wandb_summary(tmp_path)  # read back from the offline run file
     assert summary["parity/sinusoidal/gap"] == pytest.approx(0.5)
     assert summary["parity/sinusoidal/under_trained"] is True
     assert summary["parity/rope/train_length_ppl"] == pytest.approx(4.0)
+    # every figure the report drew, by its name
+    drawn = {png.stem for png in tmp_path.glob("*.png")}
+    assert {"ppl_vs_length", "by_size"} <= drawn
+    (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    assert {key.rsplit("/", 1)[0] for row in wandb_history(run_file)
+            for key, value in row.items() if value == "image-file"} == drawn
 
 
 def test_a_repeated_seed_is_counted_once_and_throughput_is_reported(tmp_path):

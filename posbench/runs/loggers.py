@@ -114,21 +114,19 @@ def make_logger(cfg, run_dir: Path, name: str, group: str, config: dict, resumin
 def log_sweep_report(logger_cfg, sweep_dir: Path, parity: dict) -> None:
     """One more wandb run in the sweep's group, `report`: every group's perplexity at the
     training length, its gap to the best and whether it is under-trained, as a table, in the
-    summary (`parity/<label>/gap`, ...) and with the sweep's plot."""
+    summary (`parity/<label>/gap`, ...) and with every figure the report drew (the sweep
+    folder's own .png files, by their names: ppl_vs_length, retrieval_grid, by_size, ...)."""
     import wandb
 
     mode = wandb_mode(logger_cfg)
     run = wandb.init(project=logger_cfg.project, entity=logger_cfg.entity, name="report",
                      group=wandb_group(sweep_dir), dir=str(sweep_dir), mode=mode,
                      reinit="create_new", job_type="report")
-    grid = sweep_dir / "retrieval_grid.png"
     columns = ["label", "train_length", "train_length_ppl", "gap", "gap_ci95", "under_trained",
                "extrapolation_ratio"]
     run.log({"parity": wandb.Table(columns=columns, data=[[label, *(row[c] for c in columns[1:])]
                                                           for label, row in parity.items()]),
-             "ppl_vs_length": wandb.Image(str(sweep_dir / "ppl_vs_length.png")),
-             # the side-by-side retrieval heatmaps, when the sweep scored retrieval
-             **({"retrieval_grid": wandb.Image(str(grid))} if grid.exists() else {})})
+             **{png.stem: wandb.Image(str(png)) for png in sorted(sweep_dir.glob("*.png"))}})
     run.summary.update({f"parity/{label}/{key}": value for label, row in parity.items()
                         for key, value in row.items()})
     run.finish()
