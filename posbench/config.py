@@ -510,8 +510,10 @@ def _merged(defaults: dict, saved: dict) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def _schema_defaults(cls: type) -> dict:
-    """The schema's defaults as a plain tree (built once: a report reads hundreds of runs)."""
-    return OmegaConf.to_container(OmegaConf.structured(cls))
+    """The schema's defaults as a plain tree (built once: a report reads hundreds of runs). From
+    the dataclasses themselves: in the process that ends a Hydra multirun under the joblib
+    launcher, OmegaConf.structured(schema()) fails to read the string annotations of its fields."""
+    return dataclasses.asdict(cls())
 
 
 def with_defaults(saved) -> DictConfig:

@@ -3,7 +3,7 @@
 representative task; posbench's is a Hydra sweep of re-scores,
 
     posbench eval RUN_DIR -m eval.rope_scaling=self_extend eval.rope_scaling_factor=2,4,8 \
-        eval.rope_window=8,16,32
+        eval.rope_window=8,16,24
 
 and this section of the report: for each trained group whose self_extend re-scores cover two
 (G, W) pairs or more under otherwise equal eval keys (a grid), the grid's perplexity by length
