@@ -246,3 +246,20 @@ def off_init(model):
             if block.attn.sinks is not None:
                 block.attn.sinks.add_(torch.randn(block.attn.sinks.shape, generator=gen) * 2)
     return model
+
+
+def killed_in_step(monkeypatch, n):
+    """Training's step raises in its n-th call from now on (a kill mid-run); the step it wraps is
+    returned, for the test to put back."""
+    import posbench.runs.train
+
+    real, calls = posbench.runs.train.train_step, []
+
+    def dies(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == n:
+            raise RuntimeError("killed")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(posbench.runs.train, "train_step", dies)
+    return real

@@ -19,6 +19,7 @@ from posbench.runs.budget import device_name, plan
 from posbench.runs.checkpoint import Checkpoint
 from posbench.runs.estimate import step_flops
 from posbench.runs.run import RunFailed, train
+from helpers import killed_in_step
 
 RUN = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.seq_len=32",
        "train.batch_size=2", "train.steps=6", "train.warmup_steps=2", "train.log_every=2",
@@ -212,28 +213,13 @@ WALL = ["encoding=rope", "train.budget=wallclock", "train.budget_seconds=2",
         "train.log_every=1", "train.ckpt_every=1"]
 
 
-def killed_in_the_third_step(monkeypatch):
-    """Training's step raises in its third call (after two checkpoints); the real step returned,
-    for the test to put back."""
-    real, calls = posbench.runs.train.train_step, []
-
-    def dies(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:
-            raise RuntimeError("killed")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(posbench.runs.train, "train_step", dies)
-    return real
-
-
 def test_a_wallclock_budget_stops_by_the_clock_and_a_resume_continues_it(tmp_path, monkeypatch):
     whole = run(tmp_path, "whole", *WALL)["train"]
     assert whole["budget"] == "wallclock" and whole["budget_seconds"] == 2
     assert 2 <= whole["seconds_spent"] < 4 and whole["steps_reached"] == whole["steps"] > 1
     assert whole["device"].startswith("cpu")
 
-    real = killed_in_the_third_step(monkeypatch)
+    real = killed_in_step(monkeypatch, 3)  # after two checkpoints
     with pytest.raises(RunFailed, match="after step 2"):
         run(tmp_path, "resumed", *WALL)
     monkeypatch.setattr(posbench.runs.train, "train_step", real)
@@ -245,7 +231,7 @@ def test_a_wallclock_budget_stops_by_the_clock_and_a_resume_continues_it(tmp_pat
 
 def test_a_wallclock_checkpoint_records_its_device_and_resuming_on_another_is_refused(
         tmp_path, monkeypatch):
-    real = killed_in_the_third_step(monkeypatch)
+    real = killed_in_step(monkeypatch, 3)  # after two checkpoints
     with pytest.raises(RunFailed):
         run(tmp_path, "moved", *WALL)
     monkeypatch.setattr(posbench.runs.train, "train_step", real)

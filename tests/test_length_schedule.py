@@ -21,6 +21,7 @@ from posbench.data.windows import IGNORE
 from posbench.encodings import registry
 from posbench.runs.lengths import training_batch, window_at
 from posbench.runs.run import RunFailed, train
+from helpers import killed_in_step
 
 H, D = 2, 8
 # three documents in the first row, one in the second
@@ -239,15 +240,7 @@ LADDER = ["encoding=alibi", "train.length_schedule=skyladder", "train.length_sta
 
 def test_a_run_killed_and_resumed_equals_an_uninterrupted_one(tmp_path, monkeypatch):
     whole = run(tmp_path, "whole", *LADDER)
-    real, calls = posbench.runs.train.train_step, []
-
-    def dies(*args, **kwargs):  # a kill in the third step, after the checkpoint of step 2
-        calls.append(1)
-        if len(calls) == 3:
-            raise RuntimeError("killed")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(posbench.runs.train, "train_step", dies)
+    real = killed_in_step(monkeypatch, 3)  # after the checkpoint of step 2
     with pytest.raises(RunFailed, match="checkpoint at step 2"):
         run(tmp_path, "resumed", *LADDER)
     monkeypatch.setattr(posbench.runs.train, "train_step", real)

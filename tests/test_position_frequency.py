@@ -18,6 +18,7 @@ from posbench.reports.position_frequency import PLOT, TABLE, frequency
 from posbench.reports.report import write_report
 from posbench.runs.lengths import window_at, window_steps
 from posbench.runs.run import RunFailed, train
+from helpers import killed_in_step
 
 
 def enumerated(rows):
@@ -113,15 +114,7 @@ def test_a_packed_run_killed_and_resumed_counts_its_segments_as_an_uninterrupted
     options = [*LADDER, *PACKED, "train.ckpt_every=2"]
     rows = recording(monkeypatch)
     whole = run(tmp_path, "whole", *options)
-    recorded, calls = posbench.runs.train.train_step, []
-
-    def dies(*args, **kwargs):  # a kill in the fourth step: the third counted, not saved
-        calls.append(1)
-        if len(calls) == 4:
-            raise RuntimeError("killed")
-        return recorded(*args, **kwargs)
-
-    monkeypatch.setattr(posbench.runs.train, "train_step", dies)
+    recorded = killed_in_step(monkeypatch, 4)  # the third step counted, not saved
     with pytest.raises(RunFailed, match="checkpoint at step 2"):
         run(tmp_path, "resumed", *options)
     monkeypatch.setattr(posbench.runs.train, "train_step", recorded)
