@@ -173,8 +173,8 @@ def test_typos_in_eval_are_one_line_with_a_did_you_mean(tmp_path, toy_run_copy, 
              "mean 'enabled'?); expected one of: enabled, lengths, depths, key_tokens, keys, "
              "trials, seed, metric, threshold"),
             ("eval.rope_scaling=yarnn", "eval.rope_scaling='yarnn' is not accepted; expected one "
-             "of: none, pi, ntk, dynamic_ntk, yarn, llama3, rerope, self_extend, shifted_rope, "
-             "dca, streaming_llm (did you mean 'yarn'?)")]:
+             "of: none, pi, ntk, dynamic_ntk, yarn, llama3, longrope, rerope, self_extend, "
+             "shifted_rope, dca, streaming_llm (did you mean 'yarn'?)")]:
         proc = run_in_process(["eval", "run", arg], monkeypatch, capsys)
         assert (proc.returncode, proc.stderr) == (2, f"posbench: error: {line}\n")
     assert sorted(p for p in tmp_path.rglob("*")) == before
