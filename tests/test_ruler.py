@@ -345,6 +345,12 @@ def test_bpe_lists_are_words_of_the_tokenizers_lowercase_tokens(bpe_vocab, name,
 ])
 def test_what_cannot_be_drawn_is_refused_in_one_line_before_any_work(
         tmp_path, monkeypatch, capsys, overrides, refusal, stdlib_data):  # tokenized: no progress
+    assert_refused_before_any_work(tmp_path, monkeypatch, capsys, overrides, refusal)
+
+
+def assert_refused_before_any_work(tmp_path, monkeypatch, capsys, overrides, refusal):
+    """A toy run with RULER and `overrides` exits 2 with one line holding `refusal`, nothing
+    trained or written."""
     monkeypatch.chdir(tmp_path)
     proc = run_in_process(["train", *TOY, "eval.ruler.enabled=true", *overrides,
                            "hydra.run.dir=run"], monkeypatch, capsys)

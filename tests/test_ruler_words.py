@@ -16,6 +16,7 @@ from scipy.special import zeta as scipy_zeta
 
 import posbench
 from helpers import run_in_process, TOY
+from test_ruler import assert_refused_before_any_work
 from posbench.evaluations import ruler
 from posbench.evaluations.ruler import Ruler, answer_scores, build_task
 from posbench.evaluations.ruler_tasks import Vocabulary, instances
@@ -263,13 +264,7 @@ def test_the_training_mix_plants_cwe_and_fwe_rows_at_the_training_length(stdlib_
 ])
 def test_what_cannot_be_built_is_refused_in_one_line_before_any_work(
         tmp_path, monkeypatch, capsys, overrides, refusal, stdlib_data):  # tokenized: no progress
-    monkeypatch.chdir(tmp_path)
-    proc = run_in_process(["train", *TOY, "eval.ruler.enabled=true", *overrides,
-                           "hydra.run.dir=run"], monkeypatch, capsys)
-    assert proc.returncode == 2
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and refusal in lines[0], proc.stderr
-    assert not (tmp_path / "run" / "results.json").exists()
+    assert_refused_before_any_work(tmp_path, monkeypatch, capsys, overrides, refusal)
 
 
 def test_a_run_trains_on_both_and_scores_them(tmp_path, monkeypatch, capsys):
