@@ -18,9 +18,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
 from posbench import evaluations
 from posbench.attention.paths import ATTN_GATES
-from posbench.data import check_dataset
-from posbench.data import dataset_class
-from posbench.data import registry as dataset_registry
+from posbench.data import check_dataset, dataset_class, registry as dataset_registry
 from posbench.core.errors import ConfigError, did_you_mean, require, require_positive
 from posbench.evaluations import EvalConfig
 from posbench.evaluations.ruler_tasks import DEFAULT_TASKS as RULER_TASKS

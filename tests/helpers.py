@@ -1,4 +1,6 @@
 """Checks and runners shared by the tests (imported as `from helpers import ...`)."""
+import copy
+import functools
 import json
 import math
 from pathlib import Path
@@ -39,6 +41,31 @@ def assert_shift_invariant(model, idx, offsets=(1, 17, 1000), per_sequence=False
             shifted = model(idx, pos=pos)
             assert ((shifted - base).abs() <= tol * base.abs().clamp(min=1)).all(), pos[..., 0]
     return base
+
+
+@functools.lru_cache(maxsize=None)
+def _composition(overrides):
+    return posbench.compose(list(overrides))
+
+
+def composed(*overrides):
+    """posbench.compose(overrides), composed once per test process and copied on each call:
+    Hydra's composition is most of the cost of building a small model, and the registry-wide
+    tests build every encoding many times (at collection too). Not for a test whose working
+    directory or environment changes what composition finds."""
+    return copy.deepcopy(_composition(overrides))
+
+
+def random_encoding(name, n_head, n_layer=1, d_model=16, vocab=64):
+    """A float64 encoding `name` as a small model builds it, its learned parameters drawn from a
+    normal (they start at zero, where a learned bias would test nothing)."""
+    cfg = composed(f"encoding={name}", f"model.n_layer={n_layer}", f"model.d_model={d_model}",
+                   f"model.n_head={n_head}", "train.seq_len=32", "eval.lengths=[64]")
+    torch.manual_seed(0)
+    enc = posbench.build_model(cfg, vocab).encoding.double()
+    for p in enc.parameters():
+        torch.nn.init.normal_(p)
+    return enc
 
 
 def window_starts(data, length, tokens):

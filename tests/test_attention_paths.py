@@ -11,23 +11,17 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import posbench
 import posbench.attention.paths as attention
 import posbench.attention.lag_bias as lag_bias
 from posbench.attention.paths import attend, blockwise_attention
 from posbench.encodings import registry, transformer_xl
+from helpers import random_encoding
 
 B, H, T, D = 3, 4, 50, 8
 
 
 def encoding(name):
-    cfg = posbench.compose([f"encoding={name}", "model.n_layer=2", "model.d_model=32",
-                            f"model.n_head={H}", "train.seq_len=32", "eval.lengths=[64]"])
-    torch.manual_seed(0)
-    enc = posbench.build_model(cfg, 256).encoding.double()
-    for p in enc.parameters():  # learned biases start at zero: make them matter
-        torch.nn.init.normal_(p)
-    return enc
+    return random_encoding(name, H, n_layer=2, d_model=32, vocab=256)
 
 
 # every encoding that declares its score_mod additive, so the CPU path fuses it as a float mask

@@ -124,12 +124,20 @@ BAD = [
 
 
 @pytest.mark.parametrize("args,needle", BAD, ids=[" ".join(a) for a, _ in BAD])
-def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path, args, needle):
-    proc = posbench_cli(*args, cwd=tmp_path, ok=False)
-    assert proc.returncode != 0
+def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path, monkeypatch, capsys, args,
+                                                        needle):
+    monkeypatch.chdir(tmp_path)
+    proc = run_in_process(args, monkeypatch, capsys)
+    assert proc.returncode not in (0, None)
     assert "Traceback" not in proc.stderr + proc.stdout
     assert needle in proc.stderr
     assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").rglob("*.json"))
+
+
+def test_the_installed_command_exits_non_zero_on_bad_input_with_one_line(tmp_path):
+    proc = posbench_cli("train", "encoding=nosuch", cwd=tmp_path, ok=False)
+    assert proc.returncode == 2  # a usage error, as argparse's
+    assert proc.stderr.strip().count("\n") == 0 and "nosuch" in proc.stderr
 
 
 def test_finished_run_dir_is_never_overwritten(tmp_path, toy, toy_run_copy):

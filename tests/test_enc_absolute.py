@@ -14,12 +14,13 @@ from posbench.encodings.integer import Integer, IntegerConfig
 from posbench.encodings.randomized import sorted_draws
 from posbench.encodings.sinusoidal import sinusoid_table
 from posbench.evaluations.perplexity import evaluate
+from helpers import composed
 
 SMALL = ["model.n_layer=2", "model.d_model=32", "model.n_head=2"]
 
 
 def build(encoding, *extra):
-    cfg = posbench.compose([f"encoding={encoding}", *SMALL, *extra])
+    cfg = composed(f"encoding={encoding}", *SMALL, *extra)
     torch.manual_seed(0)
     return posbench.build_model(cfg).eval()
 

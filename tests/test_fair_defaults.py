@@ -10,16 +10,17 @@ import torch
 import posbench
 from posbench.encodings import registry
 from posbench.runs.train import make_optimizer
+from helpers import composed, random_encoding
 
 SMALL = ["model.n_layer=2", "model.d_model=64", "model.n_head=4", "train.seq_len=64"]
 WITH_PARAMETERS = [name for name in sorted(registry())
-                   if any(True for _ in posbench.build_model(posbench.compose(
-                       [f"encoding={name}", *SMALL])).encoding.parameters())]
+                   if any(True for _ in random_encoding(name, 4, n_layer=2, d_model=32,
+                                                        vocab=256).parameters())]
 
 
 def build(*overrides):
     torch.manual_seed(0)
-    return posbench.build_model(posbench.compose([*SMALL, *overrides]))
+    return posbench.build_model(composed(*SMALL, *overrides))
 
 
 @pytest.mark.parametrize("name", WITH_PARAMETERS)

@@ -16,6 +16,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 import posbench
 from posbench.runs.extend import pose_positions
 from posbench.runs.train import make_optimizer, train_step
+from helpers import composed
 
 SHAPE = ["model.n_layer=2", "model.d_model=32", "model.n_head=2", "train.seq_len=32"]
 VOCAB = 64
@@ -35,7 +36,7 @@ def no_host_reads(gm, example_inputs):
 
 
 def build(overrides):
-    cfg = posbench.compose([*overrides, *SHAPE])
+    cfg = composed(*overrides, *SHAPE)
     torch.manual_seed(0)
     return cfg, posbench.build_model(cfg, VOCAB)
 

@@ -13,13 +13,14 @@ import posbench
 import posbench.attention.lag_bias as lag_bias
 from posbench.attention.paths import attend, blockwise_attention
 from posbench.encodings import registry
+from helpers import composed
 
 B, H, T, D = 3, 4, 50, 8
 
 
 def encoding(name):
-    cfg = posbench.compose([f"encoding={name}", "model.n_layer=2", "model.d_model=32",
-                            f"model.n_head={H}", "train.seq_len=32", "eval.lengths=[64]"])
+    cfg = composed(f"encoding={name}", "model.n_layer=2", "model.d_model=32", f"model.n_head={H}",
+                   "train.seq_len=32", "eval.lengths=[64]")
     torch.manual_seed(0)
     enc = posbench.build_model(cfg, 256).encoding.double()
     with torch.no_grad():  # learned biases start small or at zero: make them matter, in range

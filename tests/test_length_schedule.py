@@ -21,7 +21,7 @@ from posbench.data.windows import IGNORE
 from posbench.encodings import registry
 from posbench.runs.lengths import training_batch, window_at
 from posbench.runs.run import RunFailed, train
-from helpers import killed_in_step
+from helpers import killed_in_step, random_encoding
 
 H, D = 2, 8
 # three documents in the first row, one in the second
@@ -53,13 +53,7 @@ def positions_of(pieces):
 
 
 def encoding(name):
-    cfg = posbench.compose([f"encoding={name}", "model.n_layer=1", "model.d_model=16",
-                            f"model.n_head={H}", "train.seq_len=32", "eval.lengths=[64]"])
-    torch.manual_seed(0)
-    enc = posbench.build_model(cfg, 64).encoding.double()
-    for p in enc.parameters():  # learned biases start at zero: make them matter
-        torch.nn.init.normal_(p)
-    return enc
+    return random_encoding(name, H, n_layer=1, d_model=16, vocab=64)
 
 
 def dense(q, k, v, pos, enc, span, sinks):

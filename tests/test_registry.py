@@ -7,13 +7,14 @@ import torch
 import posbench
 from posbench.encodings import registry
 from posbench.runs.run import train
+from helpers import composed
 
 NAMES = sorted(registry())
 SMALL = ["model.n_layer=2", "model.d_model=64", "model.n_head=4", "train.seq_len=64"]
 
 
 def build(name, *extra):
-    cfg = posbench.compose([f"encoding={name}", *SMALL, *extra])
+    cfg = composed(f"encoding={name}", *SMALL, *extra)
     torch.manual_seed(0)
     model = posbench.build_model(cfg).eval()
     with torch.no_grad():  # move zero-initialized position parameters off their init
