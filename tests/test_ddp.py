@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from helpers import posbench_cli, results
+from helpers import posbench_cli, results, run_in_process
 from posbench.runs import distributed
 
 ARGS = ["train", "model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.steps=4",
@@ -43,14 +43,18 @@ def test_two_gloo_processes_match_one_process(tmp_path, encoding):
             torch.testing.assert_close(weights[1][name], weight, rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_batch_not_divisible_by_processes_is_refused(tmp_path):
-    posbench = shutil.which("posbench")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def test_batch_not_divisible_by_processes_is_refused(tmp_path, monkeypatch, capsys):
+    """As a rank of `torchrun --nproc_per_node=2` sees it (its process group faked: the refusal
+    comes before any collective)."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda *args, **kwargs: None)
+    monkeypatch.chdir(tmp_path)
     args = [a if not a.startswith("train.batch_size") else "train.batch_size=3" for a in ARGS]
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc_per_node=2", "--no-python", posbench, *args, "hydra.run.dir=r"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode != 0 and "train.batch_size=3" in proc.stdout + proc.stderr
+    proc = run_in_process([*args, "hydra.run.dir=r"], monkeypatch, capsys)
+    assert proc.returncode == 2
+    assert "train.batch_size=3 is not accepted with 2 processes" in proc.stderr
+    assert not (tmp_path / "r" / "results.json").exists()
 
 
 def test_the_process_group_outlasts_an_evaluation_on_rank_0(monkeypatch):

@@ -15,7 +15,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import posbench
-from helpers import posbench_cli
+from helpers import posbench_cli, run_in_process
 from posbench.runs.estimate import MEMORY_CHECK, available_memory, estimate, refusal
 
 STEP = ["train.seq_len=256", "train.batch_size=4", "train.steps=1", "eval.lengths=[256]"]
@@ -130,7 +130,8 @@ def test_a_step_is_measured_once_per_shape_under_the_jobs_threads(monkeypatch):
     assert len(steps) > measured  # another batch is another shape
 
 
-def test_a_job_that_cannot_fit_is_refused_in_one_line_and_its_sweep_lists_it(tmp_path, toy):
+def test_a_job_that_cannot_fit_is_refused_in_one_line_and_its_sweep_lists_it(tmp_path, toy,
+                                                                             monkeypatch, capsys):
     cfg = posbench.compose(["train.seq_len=1000000"])  # model=tiny, batch 16: terabytes
     room, source = available_memory(torch.device("cpu"))
     assert 0 < room and source in ("MemAvailable", "under this cgroup's memory.max")
@@ -142,15 +143,16 @@ def test_a_job_that_cannot_fit_is_refused_in_one_line_and_its_sweep_lists_it(tmp
     finally:
         del os.environ[MEMORY_CHECK]
 
-    single = posbench_cli("train", "train.seq_len=1000000", "device=cpu", cwd=tmp_path, ok=False)
+    monkeypatch.chdir(tmp_path)
+    single = run_in_process(["train", "train.seq_len=1000000", "device=cpu"], monkeypatch, capsys)
     (error,) = single.stderr.strip().splitlines()
     assert single.returncode == 2 and error.startswith(f"posbench: error: {line[:60]}")
     assert " GiB by estimate, " in error
     assert list(tmp_path.iterdir()) == []  # refused before Hydra made outputs/<date>/
 
     args = [a for a in toy if not a.startswith("train.batch_size=")]
-    sweep = posbench_cli("train", "-m", *args, "train.batch_size=2,10000000",
-                         "hydra.sweep.dir=sweep", cwd=tmp_path, ok=False)
+    sweep = run_in_process(["train", "-m", *args, "train.batch_size=2,10000000",
+                            "hydra.sweep.dir=sweep"], monkeypatch, capsys)
     assert sweep.returncode == 2
     refused = tmp_path / "sweep" / "train.batch_size-10000000"
     assert sorted(p.name for p in refused.iterdir()) == ["refused.json"]

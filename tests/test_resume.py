@@ -116,27 +116,51 @@ def interrupted_after_a_checkpoint(args, run_dir, cwd, signum=signal.SIGINT):
     return out, err
 
 
-def test_ctrl_c_says_what_it_kept_in_one_line_and_the_run_resumes(finished, tmp_path):
-    run_dir = tmp_path / "run"
-    out, err = interrupted_after_a_checkpoint(RUN, run_dir, tmp_path)
-    assert "Traceback" not in out + err
+def test_ctrl_c_says_what_it_kept_and_the_command_that_resumes_in_one_line_and_it_does(
+        finished, tmp_path):
+    """With no hydra.run.dir given, the same command again would start a new timestamped dir:
+    the line names the command with this run's dir, and that command resumes bit for bit."""
+    proc = subprocess.Popen([POSBENCH, "train", *RUN], cwd=tmp_path, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("outputs/*/*/checkpoint.pt")):
+        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in out + err
+    (run_dir,) = tmp_path.glob("outputs/*/*")
     (line,) = [line for line in err.splitlines() if line.startswith("posbench: interrupted")]
     record = results(run_dir)
     assert record["status"] == "interrupted" and record["error"] == "KeyboardInterrupt"
     kept = record["train"]["checkpoint_step"]
-    assert f"its checkpoint at step {kept} is kept" in line and str(run_dir) in line
-    assert "stopped at step" in line
+    assert f"its checkpoint at step {kept} is kept" in line and "stopped at step" in line
     assert load_checkpoint(run_dir / "checkpoint.pt")["step"] == kept > 0
-
-    posbench_train([*RUN, f"hydra.run.dir={run_dir}"], tmp_path)
+    command = line.split("`")[1]
+    assert command == shlex.join(["posbench", "train", *RUN, f"hydra.run.dir={run_dir}"])
+    subprocess.run(shlex.split(command), cwd=tmp_path, env=ENV, check=True, capture_output=True,
+                   timeout=300)
     assert results(run_dir)["train"]["resumed_from_step"] == kept
     same_training(results(run_dir), results(finished))
+    assert list(tmp_path.glob("outputs/*/*")) == [run_dir]
 
 
-def test_a_resumed_run_continues_its_wandb_run(tmp_path):
-    args = [*RUN, "logger=wandb"]
-    interrupted_after_a_checkpoint(args, tmp_path / "run", tmp_path)
-    posbench_train([*args, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+def test_sigterm_stops_a_run_as_ctrl_c_does_and_the_resumed_run_continues_its_wandb_run(
+        tmp_path):
+    """SLURM's preemption and `docker stop` send SIGTERM: the run records that it was
+    interrupted, releases its lock and resumes, in the same wandb run."""
+    args, run_dir = [*RUN, "logger=wandb"], tmp_path / "run"
+    _, err = interrupted_after_a_checkpoint(args, run_dir, tmp_path, signal.SIGTERM)
+    assert "Traceback" not in err
+    (line,) = [line for line in err.splitlines() if line.startswith("posbench: interrupted")]
+    assert "stopped at step" in line and "SIGTERM" in line
+    record = results(run_dir)
+    assert record["status"] == "interrupted" and record["error"] == "KeyboardInterrupt: SIGTERM"
+    assert not (run_dir / "run.lock").exists()
+    proc = posbench_train([*args, f"hydra.run.dir={run_dir}"], tmp_path)
+    assert "stale lock" not in proc.stdout
+    assert results(run_dir)["train"]["resumed_from_step"] == record["train"]["checkpoint_step"]
 
     def wandb_ids(run_dir):
         return [p.name.rsplit("-", 1)[1] for p in (run_dir / "wandb").glob("offline-run-*")]
@@ -268,39 +292,3 @@ def test_a_full_disk_fails_in_one_line_and_leaves_no_partial_file(tmp_path, stdl
     assert record["status"] == "failed" and "File too large" in record["error"]
 
 
-def test_ctrl_c_prints_the_command_that_resumes_and_it_does(tmp_path):
-    """With no hydra.run.dir given, the same command again would start a new timestamped dir:
-    the line names the command with this run's dir, and that command resumes."""
-    proc = subprocess.Popen([POSBENCH, "train", *RUN], cwd=tmp_path, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.monotonic() + 120
-    while not list(tmp_path.glob("outputs/*/*/checkpoint.pt")):
-        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint appeared"
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    (run_dir,) = tmp_path.glob("outputs/*/*")
-    (line,) = [line for line in err.splitlines() if line.startswith("posbench: interrupted")]
-    command = line.split("`")[1]
-    assert command == shlex.join(["posbench", "train", *RUN, f"hydra.run.dir={run_dir}"])
-    subprocess.run(shlex.split(command), cwd=tmp_path, env=ENV, check=True, capture_output=True,
-                   timeout=300)
-    assert results(run_dir)["train"]["resumed_from_step"] > 0
-    assert list(tmp_path.glob("outputs/*/*")) == [run_dir]
-
-
-def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path):
-    """SLURM's preemption and `docker stop` send SIGTERM: the run records that it was
-    interrupted, releases its lock and resumes."""
-    run_dir = tmp_path / "run"
-    _, err = interrupted_after_a_checkpoint(RUN, run_dir, tmp_path, signal.SIGTERM)
-    assert "Traceback" not in err
-    (line,) = [line for line in err.splitlines() if line.startswith("posbench: interrupted")]
-    assert "stopped at step" in line and "SIGTERM" in line
-    record = results(run_dir)
-    assert record["status"] == "interrupted" and record["error"] == "KeyboardInterrupt: SIGTERM"
-    assert not (run_dir / "run.lock").exists()
-    proc = posbench_train([*RUN, f"hydra.run.dir={run_dir}"], tmp_path)
-    assert "stale lock" not in proc.stdout
-    assert results(run_dir)["train"]["resumed_from_step"] == record["train"]["checkpoint_step"]
