@@ -105,3 +105,46 @@ def test_x_transformers_runs_at_its_best(bench):
     args = bench.argparse.Namespace(compile=True)
     assert bench.flags(bench.Contender("x-transformers", "rope"), args) == (
         "rotary_pos_emb=True, attn_flash=True, compiled")
+
+
+EVAL_SCRIPT = SCRIPT.parent / "bench_evaluations.py"
+TINY_EVAL = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.seq_len=64",
+             "eval.tokens=512", "eval.retrieval.trials=1", "eval.ruler.trials=1"]
+
+
+@pytest.fixture(scope="module")
+def bench_evaluations():
+    sys.path.insert(0, str(EVAL_SCRIPT.parent))
+    yield importlib.import_module("bench_evaluations")
+    sys.path.remove(str(EVAL_SCRIPT.parent))
+
+
+def test_each_evaluation_is_timed_at_the_length_it_is_given(bench_evaluations, monkeypatch):
+    """Each section runs alone at n and writes only n's points (perplexity's own point aside)."""
+    ran = {}
+    for name in bench_evaluations.SECTIONS:
+        cls = posbench.evaluations.registry()[name].cls
+        original = cls.run
+
+        def run(self, model, device, original=original, name=name):
+            ran[name] = result = original(self, model, device)
+            return result
+
+        monkeypatch.setattr(cls, "run", run)
+        row = bench_evaluations.case(name, "rope", 128, name, TINY_EVAL)
+        assert row["evaluation"] == name and row["length"] == 128 and row["cpu_seconds"] > 0
+        assert row["peak_mib"] >= row["start_mib"] > 0
+    assert {p["length"] for p in ran["retrieval"]["by_length"]} == {128}
+    for task in ran["ruler"]["tasks"].values():
+        assert [p["length"] for p in task["by_length"]] == [128]
+    assert [p["length"] for p in ran["longppl"]["by_length"]] == [64, 128]
+
+
+def test_the_evaluation_benchmark_writes_a_row_per_measurement(bench_evaluations, tmp_path):
+    out = tmp_path / "rows.json"
+    bench_evaluations.main(["--evaluation", "ruler", "--encodings", "alibi", "--lengths", "128",
+                            "--overrides", ",".join(TINY_EVAL), "--json", str(out)])
+    rows = json.loads(out.read_text())
+    assert [(r["evaluation"], r["encoding"], r["length"]) for r in rows] == [
+        ("ruler", "alibi", 128), ("perplexity", "alibi", 128)]
+    assert all(r["threads"] >= 1 and r["peak_mib"] >= r["start_mib"] for r in rows)
