@@ -141,14 +141,16 @@ def test_a_row_that_did_not_learn_a_task_at_L_is_not_comparable():
 
 
 def record(encoding, seed, scores, scaling="none", factor=None, at=None, **found):
-    """A finished run's results.json as the measure reads it: scores task -> (at L, at 2L);
+    """A finished run's results.json as the measure reads it: scores task -> recall (at L, at
+    2L), its exact match below it (a model that finds some of several values);
     `found`: find_runs' _dir and _file, and a re-score's `rescore`."""
     return {"encoding": encoding, "seed": seed, "train": {"seq_len": 128},
             "config": {"train": {"switch_encoding_at": at},
                        "eval": {"rope_scaling": scaling, "rope_scaling_factor": factor}},
             "eval": {"ruler": {"trials": 100, "tasks": {
-                task: {"by_length": [{"length": 128, "exact_match": near, "bits_saved": 7.0},
-                                     {"length": 256, "exact_match": far, "bits_saved": 1.0}]}
+                task: {"by_length": [{"length": n, "recall": v, "exact_match": v / 2,
+                                      "bits_saved": bits}
+                                     for n, v, bits in ((128, near, 7.0), (256, far, 1.0))]}
                 for task, (near, far) in scores.items()}}}, **found}
 
 
@@ -173,7 +175,7 @@ def test_runs_are_measured_by_row_task_and_length_from_their_ruler_records():
     assert "| DroPE | 28.0 | 10.0 (85.0) | 41.6 | 10.0 (85.0) | 23.3 | 10.0 (85.0) |" in lines
     assert "| RoPE + NTK | 21.1 | 10.0 (90.0) |" in lines
     assert "| ALiBi | 5.2 | 66.0 (100.0) | 0.0 | — |" in lines
-    assert "## niah_multikey_1: exact match by length over L" in lines
+    assert "## niah_multikey_1: RULER's score by length over L" in lines
 
 
 def test_the_judge_reads_the_declared_re_scores_of_the_source_rows_runs_and_only_those():
@@ -236,11 +238,11 @@ def toy_sweep(tmp_path_factory):
 
 
 def by_row(sweep, files):
-    """row -> task -> {x: exact match} read from each run's own file (row -> (run dir, file))."""
+    """row -> task -> {x: RULER's score} read from each run's own file (row -> (run dir, file))."""
     out = {}
     for row, (run, name) in files.items():
         found = json.loads((sweep / run / name).read_text())["eval"]["ruler"]["tasks"]
-        out[row] = {t: {p["length"] / 128: p["exact_match"] for p in found[t]["by_length"]}
+        out[row] = {t: {p["length"] / 128: p["recall"] for p in found[t]["by_length"]}
                     for t in TASKS}
     return out
 
@@ -280,7 +282,7 @@ def test_the_table_reads_each_re_score_file_as_its_row(toy_sweep, tmp_path):
         record = json.loads(path.read_text())
         for j, task in enumerate(TASKS):
             for k, point in enumerate(record["eval"]["ruler"]["tasks"][task]["by_length"]):
-                point["exact_match"] = round(0.1 * (i + 1) + 0.03 * j + 0.01 * k, 2)
+                point["recall"] = round(0.1 * (i + 1) + 0.03 * j + 0.01 * k, 2)
         path.write_text(json.dumps(record))
     done = posbench_cli("reproduce", "gelberg2025_retrieval", "--report", str(copy), cwd=cwd)
     for row, tasks in by_row(copy, toy_files()).items():
@@ -313,7 +315,7 @@ def test_a_failed_re_score_is_named_and_its_row_judged_without_it(toy_sweep, tmp
     stray["rescore"]["changes"]["eval.rope_scaling_factor"] = 2.0
     for task in stray["eval"]["ruler"]["tasks"].values():
         for point in task["by_length"]:
-            point["exact_match"] = 0.5
+            point["recall"] = 0.5
     (copy / ROPE / "results.eval-rope_scaling-pi_rope_scaling_factor-2.json").write_text(
         json.dumps(stray))
     done = posbench_cli("reproduce", "gelberg2025_retrieval", *TOY, f"hydra.sweep.dir={copy}",

@@ -372,6 +372,19 @@ def answer_positions(row: np.ndarray, vt: bool) -> np.ndarray:
     return start + np.flatnonzero(mask)
 
 
+def answer_items(row: np.ndarray, vt: bool) -> list:
+    """The scored positions of each item of the answer (a value, a name), read from its bytes:
+    the parts between ", ", less "key K is " and a uuid's hyphens."""
+    text = bytes(row.astype(np.uint8))
+    start = text.rindex(b"? ") + 2
+    out, at = [], start
+    for part in text[start:].split(b", "):
+        mask = np.array([True] * len(part)) if vt else scored_bytes(part)
+        out.append(at + np.flatnonzero(mask))
+        at += len(part) + 2
+    return out
+
+
 def oracle_bits(model, row: np.ndarray, positions: np.ndarray):
     """Mean loss in bits of the tokens at `positions` from the model's float64 per-token losses
     over the whole row, and whether each is the argmax."""
@@ -400,31 +413,38 @@ def test_bits_saved_and_exact_match_are_the_per_token_losses_computed_here(stdli
             (n, d) for n in (128, 160) for d in (0.0, 1.0)]
         for cell in task["grid"]:
             made = instances(section.tasks[name], section.cfg, cell["length"], cell["depth"])
-            with_needles, without, hits = [], [], []
+            with_needles, without, hits, found = [], [], [], []
             for inst in made:
                 at = answer_positions(inst.row, name == "vt")
                 assert np.array_equal(at, answer_positions(inst.removed, name == "vt"))
                 loss, hit = oracle_bits(exact, inst.row, at)
                 with_needles.append(loss), hits.append(hit)
                 without.append(oracle_bits(exact, inst.removed, at)[0])
+                items = answer_items(inst.row, name == "vt")
+                assert np.array_equal(np.concatenate(items), at)
+                found.append(np.mean([oracle_bits(exact, inst.row, i)[1] for i in items]))
             assert cell["loss"] == pytest.approx(np.mean(with_needles), abs=1e-4)
             assert cell["loss_removed"] == pytest.approx(np.mean(without), abs=1e-4)
             assert cell["bits_saved"] == pytest.approx(np.mean(without) - np.mean(with_needles),
                                                        abs=1e-4)
             assert cell["exact_match"] == np.mean(hits)
+            assert cell["recall"] == pytest.approx(np.mean(found), abs=1e-12)
         assert task["answer_tokens"] == {"niah_multivalue": 16, "vt": 15,
                                          "niah_single_3": 8}[name]
         for point in task["by_length"]:
             cells = [c for c in task["grid"] if c["length"] == point["length"]]
             assert point["bits_saved"] == pytest.approx(np.mean([c["bits_saved"] for c in cells]))
     for point in result["by_length"]:  # RULER's average over tasks
-        assert point["exact_match"] == pytest.approx(np.mean(
-            [p["exact_match"] for t in result["tasks"].values() for p in t["by_length"]
-             if p["length"] == point["length"]]))
+        for key in ("exact_match", "recall"):
+            assert point[key] == pytest.approx(np.mean(
+                [p[key] for t in result["tasks"].values() for p in t["by_length"]
+                 if p["length"] == point["length"]]))
     metrics = Ruler.length_metrics(result)
     assert metrics[160]["eval/ruler_vt_bits_saved"] == result["tasks"]["vt"]["by_length"][1][
         "bits_saved"]
     assert metrics[128]["eval/ruler_bits_saved"] == result["by_length"][0]["bits_saved"]
+    assert metrics[128]["eval/ruler_niah_multivalue_recall"] == result["tasks"][
+        "niah_multivalue"]["by_length"][0]["recall"]
 
 
 @pytest.mark.parametrize("name", ["niah_single_1", "niah_single_3", "niah_multikey_1",
@@ -434,12 +454,12 @@ def test_a_copier_retrieves_the_tasks_one_copy_solves_a_blind_model_saves_nothin
     cfg = config(trials=2)
     made = instances(Task(name, cfg, vocab), cfg, 128, 0.5)
     rows = torch.from_numpy(np.stack([m.row for m in made] + [m.removed for m in made]))
-    scored = torch.from_numpy(made[0].scored)
-    loss, hits = answer_scores(Copier(last=48), rows, scored)
-    assert hits[:2].all() and not hits[2:].any()
+    scored, item = torch.from_numpy(made[0].scored), torch.from_numpy(made[0].item)
+    loss, hits, found = answer_scores(Copier(last=48), rows, scored, item)
+    assert hits[:2].all() and not hits[2:].any() and torch.equal(found, hits.double())
     assert (loss[:2] < 0.1).all() and (loss[2:] - loss[:2] > 5).all()
-    loss, hits = answer_scores(Blind(), rows, scored)
-    assert not hits.any() and torch.equal(loss[:2], loss[2:])
+    loss, hits, found = answer_scores(Blind(), rows, scored, item)
+    assert not hits.any() and not found.any() and torch.equal(loss[:2], loss[2:])
 
 
 def test_report_lines_table_each_task_by_group():
@@ -474,9 +494,9 @@ def test_train_scores_every_task_and_a_rescore_gives_the_same_cells(tmp_path):
             assert cell["bits_saved"] == pytest.approx(cell["loss_removed"] - cell["loss"])
     assert (tmp_path / "run" / "ruler_heatmap.png").stat().st_size > 0
     assert "niah_multikey_3 (one needle in a haystack of UUID -> UUID needles):" in proc.stdout
-    bits = r["tasks"]["vt"]["by_length"][0]["bits_saved"]
-    exact = r["tasks"]["vt"]["by_length"][0]["exact_match"]
-    assert f"| rope | {bits:.2f} ({exact:.2f}) |" in proc.stdout
+    vt = r["tasks"]["vt"]["by_length"][0]
+    assert (f"| rope | {vt['bits_saved']:.2f} ({vt['exact_match']:.2f}, {vt['recall']:.2f}) |"
+            in proc.stdout)
     # effective lengths per task and over the tasks' mean: one length here, so 128 or none
     record = results(tmp_path / "run")
     for scores in [r, *r["tasks"].values()]:

@@ -62,6 +62,9 @@ def check_answer_and_removal(inst, name, words, answer, asked):
     text = bytes(inst.row.astype(np.uint8))
     tail = text[text.rindex(ASKS[name]) + len(ASKS[name]):]
     np.testing.assert_array_equal(inst.scored, [c not in b", " for c in tail])
+    # each asked word is one item: its letters numbered in the answer's order, separators -1
+    items = np.cumsum([0] + [c == ord(",") for c in tail[:-1]])
+    np.testing.assert_array_equal(inst.item, np.where(inst.scored, items, -1))
     removed, pad, _, answer_2 = parse(inst.removed, name)
     assert answer_2 == answer and bytes(inst.removed[-len(tail):].astype(np.uint8)) == tail
     assert len(removed) == len(words) and pad == parse(inst.row, name)[1]
@@ -203,16 +206,16 @@ def test_the_solver_retrieves_both_a_context_free_model_saves_nothing(vocab, nam
     for length in (128, 400):
         made = instances(task, cfg, length, 0.5)
         rows = torch.from_numpy(np.stack([m.row for m in made] + [m.removed for m in made]))
-        scored = torch.from_numpy(made[0].scored)
+        scored, item = torch.from_numpy(made[0].scored), torch.from_numpy(made[0].item)
         assert int(scored.sum()) == 3 * task.n_asked
-        loss, hits = answer_scores(Counter(task.n_asked), rows, scored)
-        assert hits[:2].all() and not hits[2:].any()
+        loss, hits, found = answer_scores(Counter(task.n_asked), rows, scored, item)
+        assert hits[:2].all() and not hits[2:].any() and torch.equal(found, hits.double())
         assert loss[:2].double() == pytest.approx(-np.log2(0.99), abs=1e-6)
         assert (loss[2:] - loss[:2] > 5).all()  # the asked words are nowhere to be counted
         flat = torch.zeros(len(rows), length, 256)  # one distribution everywhere
         model = type("Flat", (), {"hidden": lambda self, x: flat[:, :x.shape[1]],
                                   "head": torch.nn.Identity()})()
-        loss, hits = answer_scores(model, rows, scored)
+        loss, hits, _ = answer_scores(model, rows, scored, item)
         assert torch.equal(loss[:2], loss[2:]) and loss[0].item() == pytest.approx(8.0)
 
 

@@ -330,15 +330,15 @@ def effective_length(points, threshold: float) -> Optional[int]:
     return best
 
 
-def by_length(grid: List[dict]) -> List[dict]:
-    """A retrieval grid's cells (length, depth, scores) per length: the mean over depths of
-    exact_match and bits_saved, none where a cell ran out of memory."""
+def by_length(grid: List[dict], scores=("exact_match", "bits_saved")) -> List[dict]:
+    """A retrieval grid's cells (length, depth, scores) per length: the mean over depths of each
+    of `scores`, none where a cell ran out of memory."""
     out = []
     for length in sorted({c["length"] for c in grid}):
         cells = [c for c in grid if c["length"] == length]
         point = {"length": length}
         if all("bits_saved" in c for c in cells):
-            for key in ("exact_match", "bits_saved"):
+            for key in scores:
                 point[key] = float(np.mean([c[key] for c in cells]))
         out.append(point)
     return out

@@ -9,10 +9,14 @@ The instances, their formats and their generators are in posbench/evaluations/ru
 (common and frequent word extraction in ruler_words.py); this module scores them, plans them
 for a run and plants them in training rows, and reports the scores.
 
-Two scores per (task, length, depth), means over trials, on the answer tokens (the drawn
+Three scores per (task, length, depth), means over trials, on the answer tokens (the drawn
 tokens of the answer; its separators and uuid hyphens are fed but not scored):
 - exact_match: whether every answer token is the model's argmax given the true tokens before it
   (what greedy decoding reproduces when the answer's unscored tokens are given);
+- recall: the share of the answer's items (values, names, words) all of whose tokens are the
+  model's argmax: RULER's own score (string_match_all, the share of expected answers found in
+  the output), equal to exact_match where the answer is one item and above it where a model
+  finds some of several values;
 - bits_saved: the answer's mean loss per token (bits) in the same sequence with the needles that
   hold the answer taken out and the haystack run on to the same length (cwe, fwe: the asked
   words replaced by others), minus its loss with them: what the needles are worth to the
@@ -53,6 +57,8 @@ from posbench.evaluations.ruler_words import WordList
 # an evaluation instance's are five (seed, task, length, depth, trial), so that no training
 # generator is an evaluation's (nor the batch's (seed, step), nor retrieval_mix's stream 7)
 MIX_STREAM = 11
+# each cell's scores that its length's point averages over depths, and the tasks' average
+SCORES = ("exact_match", "recall", "bits_saved")
 # eval.ruler's counts, positive integers, which results.json records with fwe's alpha
 COUNTS = (*TOKENS_KEY.values(), "keys", "values", "queries", "hops", "chains", "common",
           "common_repeats", "uncommon_repeats", "frequent")
@@ -156,16 +162,20 @@ def training_mix(run_cfg, data):
     return plant
 
 
-def answer_scores(model, rows: torch.Tensor, scored: torch.Tensor):
+def answer_scores(model, rows: torch.Tensor, scored: torch.Tensor, item: torch.Tensor):
     """Per row: the mean loss (bits per token) of its scored answer tokens, which are among its
-    last len(scored), and whether each of them is the model's argmax."""
+    last len(scored); whether each of them is the model's argmax (exact match); and the share of
+    the answer's items all of whose scored tokens are (recall: RULER's string_match_all, which
+    credits each expected value found)."""
     span = len(scored)
     h = model.hidden(rows[:, :-1])[:, -span:]
     logp = torch.log_softmax(model.head(h).float(), -1)
     target = rows[:, -span:]
     loss = -logp.gather(-1, target.unsqueeze(-1)).squeeze(-1) / math.log(2)
     hits = logp.argmax(-1) == target
-    return loss[:, scored].mean(1), hits[:, scored].all(1)
+    found = torch.stack([hits[:, scored & (item == i)].all(1)
+                         for i in range(int(item.max()) + 1)], 1)
+    return loss[:, scored].mean(1), hits[:, scored].all(1), found.double().mean(1)
 
 
 @torch.no_grad()
@@ -188,13 +198,15 @@ def evaluate_ruler(model, tasks: Dict[str, Task], cfg: RulerConfig, eval_cfg, tr
                 rows = torch.from_numpy(np.stack([m.row for m in made]
                                                  + [m.removed for m in made])).to(device)
                 scored = torch.from_numpy(made[0].scored).to(device)
+                item = torch.from_numpy(made[0].item).to(device)
 
                 def cell_scores():
-                    parts = [answer_scores(model, rows[i:i + per_batch], scored)
+                    parts = [answer_scores(model, rows[i:i + per_batch], scored, item)
                              for i in range(0, len(rows), per_batch)]
-                    loss, hits = (torch.cat(s).double() for s in zip(*parts))
+                    loss, hits, found = (torch.cat(s).double() for s in zip(*parts))
                     with_needles, without = loss[:len(made)], loss[len(made):]
                     return {"exact_match": hits[:len(made)].mean().item(),
+                            "recall": found[:len(made)].mean().item(),
                             "loss": with_needles.mean().item(),
                             "loss_removed": without.mean().item(),
                             "bits_saved": (without - with_needles).mean().item()}
@@ -202,12 +214,12 @@ def evaluate_ruler(model, tasks: Dict[str, Task], cfg: RulerConfig, eval_cfg, tr
                 grid.append({"length": length, "depth": depth,
                              **scored_within_memory(device, cell_scores)})
                 bar.update()
-            point = by_length(grid)[-1]
+            point = by_length(grid, SCORES)[-1]
             bar.log(f"{name} length {length}", bits_saved=f"{point['bits_saved']:.3f}"
                     if "bits_saved" in point else "oom")
         out[name] = {"haystack": task.preset.haystack, "ruler": task.preset.ruler,
                      "answer_tokens": int(made[0].scored.sum()), "grid": grid,
-                     **effective_lengths(by_length(grid), cfg.threshold)}
+                     **effective_lengths(by_length(grid, SCORES), cfg.threshold)}
     bar.close()
     return {"format": FORMAT, "units": "bits per answer token", "trials": cfg.trials,
             "seed": cfg.seed, "depths": list(cfg.depths), "threshold": cfg.threshold,
@@ -224,7 +236,7 @@ def average(tasks: Dict[str, dict]) -> List[dict]:
         points = [p for t in tasks.values() for p in t["by_length"] if p["length"] == length]
         point = {"length": length}
         if len(points) == len(tasks) and all("bits_saved" in p for p in points):
-            for key in ("exact_match", "bits_saved"):
+            for key in SCORES:
                 point[key] = float(np.mean([p[key] for p in points]))
         out.append(point)
     return out
@@ -311,8 +323,7 @@ class Ruler(Section):
             for p in points:
                 if "bits_saved" in p:
                     out.setdefault(p["length"], {}).update({
-                        f"eval/{prefix}_bits_saved": p["bits_saved"],
-                        f"eval/{prefix}_exact_match": p["exact_match"]})
+                        f"eval/{prefix}_{key}": p[key] for key in SCORES})
         return out
 
 
@@ -365,8 +376,10 @@ def _cell(points: List[dict]) -> str:
         return "—"
     if any("bits_saved" not in p for p in points):
         return "oom"
+    scores = [np.mean([p[key] for p in points]) for key in ("exact_match", "recall")
+              if all(key in p for p in points)]  # recall: not in records from before it
     return (f"{np.mean([p['bits_saved'] for p in points]):.2f} "
-            f"({np.mean([p['exact_match'] for p in points]):.2f})")
+            f"({', '.join(f'{v:.2f}' for v in scores)})")
 
 
 def report_lines(runs: List[dict], labels: dict) -> List[str]:
@@ -380,8 +393,9 @@ def report_lines(runs: List[dict], labels: dict) -> List[str]:
         return []
     names = list(dict.fromkeys(n for rs in groups.values() for r in rs for n in r["tasks"]))
     lines = ["", "RULER (Hsieh et al. 2024) at posbench's scale: bits saved per answer token "
-             "(exact match) by length, means over depths and seeds; 0 bits: the needles are of "
-             "no use to the model."]
+             "(exact match, recall: RULER's score, the share of the answer's items found) by "
+             "length, means over depths and seeds; 0 bits: the needles are of no use to the "
+             "model."]
     for name in ["average", *names]:
         def points(record):
             return record["by_length"] if name == "average" else \

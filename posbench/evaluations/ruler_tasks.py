@@ -174,11 +174,21 @@ class Placed:
 
 @dataclass
 class Instance:
-    """One sequence of length+1 tokens, the same without the needles that hold the answer, and
-    which of the last len(scored) tokens (the answer) are scored."""
+    """One sequence of length+1 tokens, the same without the needles that hold the answer, which
+    of the last len(scored) tokens (the answer) are scored, and which answer item (a value, a
+    name, a word) each answer token belongs to: -1 for the fed separators between items."""
     row: np.ndarray
     removed: np.ndarray
     scored: np.ndarray  # bool, over the answer's tokens
+    item: np.ndarray  # int, over the answer's tokens
+
+    @classmethod
+    def of(cls, row: np.ndarray, removed: np.ndarray, answer: List[tuple]) -> "Instance":
+        """From the answer's (tokens, scored) pieces: each piece with a scored token is an item
+        (a uuid's fed hyphens are its item's, unscored)."""
+        numbers = np.cumsum([s.any() for _, s in answer]) - 1
+        item = [np.full(len(s), n if s.any() else -1) for (_, s), n in zip(answer, numbers)]
+        return cls(row, removed, np.concatenate([s for _, s in answer]), np.concatenate(item))
 
 
 class Task:
@@ -373,7 +383,7 @@ class Task:
         row = self._assemble(hay[:hay_size], placed, tail)
         removed = self._assemble(hay, [p for p in placed if not p.answer], tail)
         assert len(row) == len(removed) == length + 1, (self.name, len(row), len(removed))
-        return Instance(row, removed, np.concatenate([s for _, s in answers]))
+        return Instance.of(row, removed, answers)
 
     def _assemble(self, hay: np.ndarray, placed: List[Placed], tail) -> np.ndarray:
         pieces, at = [self.vocab.start], 0

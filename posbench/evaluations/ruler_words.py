@@ -187,7 +187,7 @@ class WordList(Task):
         row, without = (np.concatenate([self.vocab.start, pad, *self._listed(items), *tail])
                         for items in (kept, removed))
         assert len(row) == len(without) == length + 1, (self.name, len(row), len(without))
-        return Instance(row, without, np.concatenate([s for _, s in answer]))
+        return Instance.of(row, without, answer)
 
     def _listed(self, items: List[np.ndarray]) -> List[np.ndarray]:
         out = []

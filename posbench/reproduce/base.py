@@ -253,14 +253,15 @@ def instance_position(record: dict, length: int) -> float:
     return task.size(length + 1) / task.size(record["train"]["seq_len"] + 1)
 
 
-def ruler_exact_match(records: List[dict], row_of, tasks: Tuple[str, ...],
-                      at_paper_scale: bool = False) -> Measured:
+def ruler_scores(records: List[dict], row_of, tasks: Tuple[str, ...], score: str,
+                 at_paper_scale: bool = False) -> Measured:
     """The measure of an entry over eval.ruler's tasks, where one run scores every task: a group
     `<task>/<row>` (claims.task_group) per task of each run, `row_of(record)` naming its row;
-    by length over the run's training length, the exact match of RULER's by_length (the mean
-    over the run's depths and trials), then the mean over seeds with their 95% t-interval (0 for
-    one seed). A run without eval.ruler, or without one of the tasks, adds nothing to it. No
-    lengths: Measured.compare pairs perplexity windows, which say nothing of these scores."""
+    by length over the run's training length, `score` (exact_match, recall) of RULER's by_length
+    (the mean over the run's depths and trials), then the mean over seeds with their 95%
+    t-interval (0 for one seed). A run without eval.ruler, without one of the tasks, or scored
+    before `score` existed adds nothing to it. No lengths: Measured.compare pairs perplexity
+    windows, which say nothing of these scores."""
     from posbench.reports.stats import t95
     from posbench.reproduce.claims import task_group
 
@@ -272,9 +273,9 @@ def ruler_exact_match(records: List[dict], row_of, tasks: Tuple[str, ...],
             points = (found.get("tasks") or {}).get(task, {}).get("by_length", [])
             group = task_group(task, row_of(record))
             for point in points:
-                if "exact_match" in point:
+                if score in point:
                     x = point["length"] / record["train"]["seq_len"]
-                    scores[group][x].append(point["exact_match"])
+                    scores[group][x].append(point[score])
             if points:
                 runs[group].append(record)
     values: Dict[str, Dict[float, float]] = defaultdict(dict)
