@@ -50,6 +50,8 @@ TOY_EXTRA = {
     "extend": ["train.steps=4"],  # 4 fine-tuning steps instead of 200
     # the passkey format takes 58 tokens: more than the toy's windows of 32 and 64
     "eval.retrieval.enabled=true": ["eval.retrieval.lengths=[64,128]"],
+    # Self-Extend's grid: 9 re-scores, at the toy's 2L and 4L rather than 4L..64L
+    "eval.rope_window=8,16,24": ["eval.lengths=[64,128]"],
 }
 # files that a command of the pages reads and another one writes: the writer runs first, where the
 # file is not there yet (parametrized commands may run in any order, on any worker)
