@@ -91,7 +91,8 @@ def main(argv=None) -> None:
             cells = [next(r for r in rows if (r["encoding"], r["length"], r["evaluation"])
                           == (encoding, length, what)) for what in whats]
             print(f"| {encoding} | {length} | "
-                  + " | ".join(f"{c['cpu_seconds']:.2f} s, {c['peak_mib']:.0f}" for c in cells) + " |")
+                  + " | ".join(f"{c['cpu_seconds']:.2f} s, {c['peak_mib']:.0f}" for c in cells)
+                  + " |")
 
 
 if __name__ == "__main__":

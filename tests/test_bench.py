@@ -14,12 +14,16 @@ import posbench
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
 
 
+def from_scripts(name):
+    """scripts/<name>.py imported by name, so that the processes a script spawns find it too."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    yield importlib.import_module(name)
+    sys.path.remove(str(SCRIPT.parent))
+
+
 @pytest.fixture(scope="module")
 def bench():
-    # imported by name from scripts/, so that the memory cases' spawned processes find it too
-    sys.path.insert(0, str(SCRIPT.parent))
-    yield importlib.import_module("bench")
-    sys.path.remove(str(SCRIPT.parent))
+    yield from from_scripts("bench")
 
 
 def baseline_name(name: str) -> str:
@@ -107,16 +111,13 @@ def test_x_transformers_runs_at_its_best(bench):
         "rotary_pos_emb=True, attn_flash=True, compiled")
 
 
-EVAL_SCRIPT = SCRIPT.parent / "bench_evaluations.py"
 TINY_EVAL = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.seq_len=64",
              "eval.tokens=512", "eval.retrieval.trials=1", "eval.ruler.trials=1"]
 
 
 @pytest.fixture(scope="module")
 def bench_evaluations():
-    sys.path.insert(0, str(EVAL_SCRIPT.parent))
-    yield importlib.import_module("bench_evaluations")
-    sys.path.remove(str(EVAL_SCRIPT.parent))
+    yield from from_scripts("bench_evaluations")
 
 
 def test_each_evaluation_is_timed_at_the_length_it_is_given(bench_evaluations, monkeypatch):

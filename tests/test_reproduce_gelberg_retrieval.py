@@ -14,11 +14,11 @@ import pytest
 
 import posbench
 from helpers import posbench_cli
+from posbench.evaluations.ruler_tasks import DEFAULT_TASKS
 from posbench.reproduce import NOT_COMPARABLE, NOT_REPRODUCED, REPRODUCED, Measured, registry
 from posbench.reports.stats import t95
 from posbench.reproduce.claims import task_group
 from posbench.reproduce.command import sweep_overrides
-from posbench.evaluations.ruler_tasks import DEFAULT_TASKS
 from posbench.reproduce.gelberg2025_retrieval import NAMES
 from posbench.reproduce.rescores import judged, sweep_rows
 

@@ -9,7 +9,8 @@ scores 0 on RULER at any length (docs/results.md, "RULER's formats in training")
 training rows here are instances of RULER's ten default tasks at L (train.ruler_mix=0.5), for
 12000 steps: the budget at which the tiny RoPE model learns the three (trained on the three
 alone it had not by step 6000, nor by 4000 of 12000, while the ten's easier tasks lead it there
-by step 4000; docs/results.md). The 2L scores are then zero-shot in length only. Which of RULER's three multi-key variants the paper's MK is could not be read; this entry
+by step 4000; docs/results.md). The 2L scores are then zero-shot in length only. Which of
+RULER's three multi-key variants the paper's MK is could not be read; this entry
 takes niah_multikey_1 (4 needles of distinct word keys in essay text, one asked), the variant
 whose only change from a single needle is the other keys (_2 and _3 are haystacks made of
 needles). A retrieval score at 2L says nothing about length for a row that cannot retrieve at L:
@@ -68,9 +69,9 @@ class Gelberg2025Retrieval(Reproduction):
     where = "Table 1"
     setting = ("tiny model (0.8M) with QK-norm, byte-level pystdlib, L = 128, 12000 steps of "
                "16 with half the rows RULER instances of its ten default tasks "
-               "(train.ruler_mix=0.5), RoPE dropped at step 10500 for DroPE, RULER's score (the share of the asked values "
-               "found) at L and 2L over 500 instances "
-               "per task, 3 seeds")
+               "(train.ruler_mix=0.5), RoPE dropped at step 10500 for DroPE, RULER's score "
+               "(the share of the asked values found) at L and 2L over 500 instances per task, "
+               "3 seeds")
     device = "cpu"
     reduction = ("the model (0.8M parameters against a ~0.5B Qwen2-shaped model), the corpus "
                  "(pystdlib bytes against FineWeb), L (128 against 1024), the budget (24.6M "
