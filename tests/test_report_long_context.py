@@ -24,25 +24,30 @@ TRUNC = 32  # LongPPL's short context: no key token at 32
 SEEDS = {"rope": 3, "alibi": 2, "nope": 1}
 OOM = {("alibi", 1): ("vt", 128)}
 NO_KEYS = {("rope", 2): 64}
+SCORES = ("exact_match", "recall", "bits_saved")  # a RULER point's scores
 
 
-def ruler_result(rng, oom=None):
-    """eval.ruler as results.json holds it: each task's exact match (and bits) by length, the
-    average over the tasks where every task has the length."""
+def ruler_result(rng, oom=None, recall=True):
+    """eval.ruler as results.json holds it: each task's exact match, recall (not in a record saved
+    before recall existed) and bits by length, the average over the tasks where every task has
+    the length."""
     tasks = {}
     for name in TASKS:
         points = []
         for n in LENGTHS:
             point = {"length": n}
             if (name, n) != oom:
-                point.update(exact_match=rng.random(), bits_saved=rng.uniform(-1, 3))
+                exact = rng.random()
+                point.update(exact_match=exact, bits_saved=rng.uniform(-1, 3))
+                if recall:  # every item found where all are, some where not all are
+                    point["recall"] = exact + rng.random() * (1 - exact)
             points.append(point)
         tasks[name] = {"ruler": "r", "grid": [], "by_length": points}
     average = []
     for i, n in enumerate(LENGTHS):
         points = [t["by_length"][i] for t in tasks.values()]
         average.append({"length": n, **({key: statistics.mean(p[key] for p in points)
-                                         for key in ("exact_match", "bits_saved")}
+                                         for key in SCORES if key in points[0]}
                                         if all("exact_match" in p for p in points) else {})})
     return {"tasks": tasks, "by_length": average, "trials": 2}
 
@@ -59,14 +64,16 @@ def longppl_result(rng, no_keys=None):
             "evaluator": None, "by_length": points}
 
 
-def write_runs(root, ruler=True, longppl=True):
-    """The runs of SEEDS, their records returned by group."""
+def write_runs(root, ruler=True, longppl=True, before_recall=()):
+    """The runs of SEEDS, their records returned by group; the (group, seed) runs of
+    `before_recall` scored RULER before recall existed."""
     rng, records = random.Random(7), {}
     for name, seeds in SEEDS.items():
         for seed in range(seeds):
             record = run_record(name, seed, {n: 10.0 + seed for n in LENGTHS})
             if name != "nope":
-                record["eval"]["ruler"] = ruler_result(rng, OOM.get((name, seed))) \
+                record["eval"]["ruler"] = ruler_result(
+                    rng, OOM.get((name, seed)), (name, seed) not in before_recall) \
                     if ruler else None
                 record["eval"]["longppl"] = longppl_result(rng, NO_KEYS.get((name, seed))) \
                     if longppl else None
@@ -144,19 +151,24 @@ def task_points(name):
         ruler["tasks"][name]["by_length"]
 
 
-def test_ruler_by_group_tables_and_plots_the_mean_over_seeds_of_each_task(tmp_path, drawn):
-    records = write_runs(tmp_path)
+# RULER's score, recall, where every run has it; exact match for all where one run lacks it
+@pytest.mark.parametrize("before_recall, score, name", [((), "recall", "recall"),
+                                                        ({("rope", 1)}, "exact_match",
+                                                         "exact match")])
+def test_ruler_by_group_tables_and_plots_the_mean_over_seeds_of_each_task(
+        tmp_path, drawn, before_recall, score, name):
+    records = write_runs(tmp_path, before_recall=before_recall)
     write_report(tmp_path)
     summary = (tmp_path / "summary.md").read_text()
     tables = tables_after(summary, "RULER across groups", 1 + len(TASKS))
-    assert list(tables) == ["average (mean over the tasks):", "niah_single_1 (exact match):",
-                            "vt (exact match):"]
+    assert list(tables) == ["average (mean over the tasks):", f"niah_single_1 ({name}):",
+                            f"vt ({name}):"]
     fig = drawn["ruler_by_group.png"]
     panels = [ax for ax in fig.axes if ax.get_visible() and ax.axison]
     assert [ax.get_title() for ax in panels] == ["average over the tasks", *TASKS]
     partial = 0
+    assert fig.get_suptitle().startswith(f"RULER {name} by length")
     for (heading, table), ax in zip(tables.items(), panels):
-        name = heading.split(" ")[0]
         assert table[0] == ["group", "32 (L)", "64", "128"]
         assert [row[0] for row in table[1:]] == ["alibi", "rope"]  # nope scored no RULER
         lines = {line.get_label(): line for line in ax.get_lines()}
@@ -165,8 +177,8 @@ def test_ruler_by_group_tables_and_plots_the_mean_over_seeds_of_each_task(tmp_pa
                      if hasattr(c, "get_offsets") and type(c).__name__ == "PathCollection"
                      for xy in c.get_offsets()}
         for row in table[1:]:
-            group = seed_points([r["eval"]["ruler"] for r in records[row[0]]], task_points(name),
-                                "exact_match")
+            group = seed_points([r["eval"]["ruler"] for r in records[row[0]]],
+                                task_points(heading.split(" ")[0]), score)
             for n, text in zip(LENGTHS, row[1:]):
                 assert assert_cell(text, *group[n], digits=2) == []
                 partial += len(group[n][0]) < group[n][1]

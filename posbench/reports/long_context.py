@@ -2,8 +2,9 @@
 compares encodings: per group (report.py's groups, seeds averaged), the mean over its seeds by
 length with a 95% Student-t interval, and each seed's own point.
 
-- ruler_by_group.png: a panel for the tasks' average and one per task, exact match (each run's
-  mean over depths) against length, a line per group; in summary.md a table per panel.
+- ruler_by_group.png: a panel for the tasks' average and one per task, RULER's score, recall
+  (each run's mean over depths; exact match where some run was scored before recall existed),
+  against length, a line per group; in summary.md a table per panel.
 - longppl_by_group.png: perplexity on every scored token beside LongPPL on the key tokens alone,
   the same windows, two panels sharing the length axis; in summary.md a table of LongPPL with the
   key tokens' count.
@@ -22,6 +23,9 @@ from posbench.core.plots import (draw_curve, legend_beside, plain_length_axes, p
 from posbench.reports.stats import BAND, mean_band
 
 RULER_PLOT, LONGPPL_PLOT = "ruler_by_group.png", "longppl_by_group.png"
+# the score's name, and what it is
+SCORE_NAMES = {"recall": ("recall", "RULER's score: the share of the answer's items found"),
+               "exact_match": ("exact match", "some runs were scored before recall existed")}
 AVERAGE = "average"
 DASHES = ("--", ":", "-.")
 # length -> (the value of each run that has one, how many runs scored that length)
@@ -99,14 +103,23 @@ def colours_of(labels: List[str]) -> Dict[str, tuple]:
 
 # ---- RULER -------------------------------------------------------------------------------------
 
-def ruler_panels(groups: Dict[str, List[dict]]) -> Dict[str, Dict[str, Seeds]]:
+def ruler_score(records: List[dict]) -> str:
+    """RULER's own score, recall, where every point of every record holds it; else exact match
+    (records saved before recall existed), so that the groups compare on one score."""
+    points = [p for r in records for t in r["tasks"].values() for p in t["by_length"]
+              if "exact_match" in p]
+    return "recall" if all("recall" in p for p in points) else "exact_match"
+
+
+def ruler_panels(groups: Dict[str, List[dict]]) -> Tuple[Dict[str, Dict[str, Seeds]], str]:
     """panel (the average, then each task in the order the runs hold them) -> group -> each
-    seed's exact match by length."""
+    seed's score by length, and the score (ruler_score)."""
     results = {label: [r["eval"]["ruler"] for r in members if r["eval"].get("ruler")]
                for label, members in groups.items()}
     results = {label: records for label, records in results.items() if records}
     if not results:
-        return {}
+        return {}, ""
+    score = ruler_score([r for records in results.values() for r in records])
     tasks = dict.fromkeys(name for records in results.values() for r in records
                           for name in r["tasks"])
     panels = {}
@@ -115,32 +128,33 @@ def ruler_panels(groups: Dict[str, List[dict]]) -> Dict[str, Dict[str, Seeds]]:
             return record["by_length"] if name == AVERAGE else \
                 record["tasks"].get(name, {}).get("by_length", [])
         panels[name] = {label: values for label, records in results.items()
-                        if (values := seed_values(records, points, "exact_match"))}
-    return panels
+                        if (values := seed_values(records, points, score))}
+    return panels, score
 
 
 def ruler(root: Path, groups: Dict[str, List[dict]], train_of: Dict[str, int]
           ) -> Tuple[List[str], bool]:
     """summary.md's RULER tables across groups, and whether ruler_by_group.png was written:
     nothing when no run scored RULER."""
-    panels = ruler_panels(groups)
+    panels, score = ruler_panels(groups)
     if not panels:
         return [], False
-    lines = ["", f"RULER across groups ({RULER_PLOT}): exact match by length, each run's mean "
-             f"over depths, then the mean ± {BAND}; (k of n seeds): the others ran out of memory "
-             "there."]
+    what, why = SCORE_NAMES[score]
+    lines = ["", f"RULER across groups ({RULER_PLOT}): {what} ({why}) by length, each run's "
+             f"mean over depths, then the mean ± {BAND}; (k of n seeds): the others ran out of "
+             "memory there."]
     for name, panel in panels.items():
-        lines += ["", f"{name} ({'mean over the tasks' if name == AVERAGE else 'exact match'}):",
-                  ""]
+        lines += ["", f"{name} ({'mean over the tasks' if name == AVERAGE else what}):", ""]
         lines += table({label: {n: cell(xs, scored, 2) for n, (xs, scored) in values.items()}
                         for label, values in panel.items()}, train_of)
-    plot_ruler(panels, train_of, root / RULER_PLOT)
+    plot_ruler(panels, what, train_of, root / RULER_PLOT)
     return lines, True
 
 
-def plot_ruler(panels: Dict[str, Dict[str, Seeds]], train_of: Dict[str, int],
+def plot_ruler(panels: Dict[str, Dict[str, Seeds]], what: str, train_of: Dict[str, int],
                path: Path) -> None:
-    """A panel per task and one for their average: exact match against length on one scale."""
+    """A panel per task and one for their average: the score (`what`) against length on one
+    scale."""
     plt = pyplot()
     cols = min(3, len(panels))
     rows = math.ceil(len(panels) / cols)
@@ -155,9 +169,9 @@ def plot_ruler(panels: Dict[str, Dict[str, Seeds]], train_of: Dict[str, int],
         ax.axis("off")
     legend_beside(axes[0][-1], panels=axes.flat)  # a group without the last task's scores too
     fig.supxlabel("evaluation length (tokens)", fontsize=9)
-    fig.supylabel("exact match (mean over depths)", fontsize=9)
-    fig.suptitle(f"RULER exact match by length, mean over seeds; shaded: {BAND}; circles: each "
-                 "seed", fontsize=9)
+    fig.supylabel(f"{what} (mean over depths)", fontsize=9)
+    fig.suptitle(f"RULER {what} by length, mean over seeds; shaded: {BAND}; circles: each seed",
+                 fontsize=9)
     save_figure(plt, fig, path)
 
 
