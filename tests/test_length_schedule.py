@@ -246,6 +246,25 @@ def test_a_run_killed_and_resumed_equals_an_uninterrupted_one(tmp_path, monkeypa
     assert plain["train"]["final_loss"] != whole["train"]["final_loss"]
 
 
+def test_a_corpus_of_short_documents_trains_packed_and_is_scored_as_a_stream(tmp_path):
+    """Every document shorter than L: no window fits one, so training refuses, naming
+    packing; packed, the rows are documents back to back, and dataset.val_stream scores
+    windows across the validation documents, as WikiText's stream evaluation does."""
+    corpus = tmp_path / "short"
+    corpus.mkdir()
+    for i in range(60):  # 20 to 29 bytes each, under L = 32 + 1
+        (corpus / f"{i:02d}.txt").write_text(f"note {i}: " + "ab" * (6 + i % 5))
+    data = ["dataset=text", f"dataset.path={corpus}", "dataset.val_fraction=0.25",
+            f"dataset.cache_dir={tmp_path / 'cache'}", "dataset.val_stream=true"]
+    with pytest.raises(ConfigError, match=re.escape(
+            "the longest training document of text has 29 tokens, expected <= 28, or "
+            "train.pack_documents=true")):
+        run(tmp_path, "plain", *data)
+    result = run(tmp_path, "packed", *data, "train.pack_documents=true")
+    assert set(map(int, result["train"]["segment_lengths"])) <= set(range(1, 30))
+    assert math.isfinite(result["eval"]["curve"][0]["ppl"])
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["train.length_schedule=skyladdr"], "train.length_schedule='skyladdr' is not accepted; "
                                          "expected one of ('none', 'skyladder') (did you mean "

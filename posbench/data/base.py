@@ -57,8 +57,9 @@ class Data(Protocol):
     fingerprint: str  # sha256:<hex> of the contents: a resume and a re-score check it
     vocab_size: int
 
-    def check_train_len(self, seq_len: int) -> None:
-        """ConfigError unless training windows of seq_len + 1 tokens exist."""
+    def check_train_len(self, seq_len: int, packed: bool = False) -> None:
+        """ConfigError unless training rows of seq_len + 1 tokens exist: windows inside one
+        document, or with `packed` (train.pack_documents) documents back to back."""
 
     def train_batch(self, seq_len: int, batch_size: int, seed: int, step: int,
                     plant: Optional[Callable] = None) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -235,7 +235,8 @@ class TaskData:
             raise ConfigError(f"{key} is not accepted for dataset={self.name}: a window of {total} "
                               f"tokens is {why}; expected another length")
 
-    def check_train_len(self, seq_len: int) -> None:
+    def check_train_len(self, seq_len: int, packed: bool = False) -> None:
+        # packed: refused for tasks before this (posbench/config.py)
         self.check(seq_len + 1, f"train.seq_len={seq_len}")
 
     def train_batch(self, seq_len: int, batch_size: int, seed: int, step: int, plant=None):

@@ -41,11 +41,17 @@ class TokenData:
         docs = self.train_docs if split == "train" else self.val_docs
         return int(np.diff(docs).max()) if len(docs) > 1 else 0
 
-    def check_train_len(self, seq_len: int) -> None:
-        if self.longest("train") < seq_len + 1:
-            raise ConfigError(f"train.seq_len={seq_len} is not accepted; the longest training "
-                              f"document of {self.name} has {self.longest('train')} tokens, "
-                              f"expected <= {self.longest('train') - 1}")
+    def check_train_len(self, seq_len: int, packed: bool = False) -> None:
+        # packed rows run across documents: only the training split as a whole must be longer
+        held = int(self.train_docs[-1] - self.train_docs[0]) if packed else self.longest("train")
+        if held >= seq_len + 1:
+            return
+        if packed:
+            raise ConfigError(f"train.seq_len={seq_len} is not accepted; the training documents "
+                              f"of {self.name} hold {held} tokens in all, expected <= {held - 1}")
+        raise ConfigError(f"train.seq_len={seq_len} is not accepted; the longest training "
+                          f"document of {self.name} has {held} tokens, expected <= {held - 1}, "
+                          "or train.pack_documents=true (rows of documents back to back)")
 
     def train_batch(self, seq_len: int, batch_size: int, seed: int, step: int,
                     plant: Optional[Callable[[np.ndarray, int, int], None]] = None):

@@ -139,7 +139,7 @@ def prepare_run(cfg: DictConfig):
         raise ConfigError(f"train.batch_size={cfg.train.batch_size} is not accepted with "
                           f"{distributed.world_size()} processes; expected a multiple of it")
     data = prepare(cfg.dataset)
-    data.check_train_len(cfg.train.seq_len)
+    data.check_train_len(cfg.train.seq_len, cfg.train.get("pack_documents", False))
     return device, data, evaluations.plan(cfg, data, load_trained=trained_model)
 
 
