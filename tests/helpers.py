@@ -83,24 +83,57 @@ TOY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.steps=3",
        "eval.tokens=256", "device=cpu"]
 
 
-def posbench_cli(*args, cwd, env=None, timeout=600, ok=True, **kwargs):
-    """The installed `posbench ARGS` in a subprocess; with ok, it must exit 0."""
-    proc = subprocess.run([shutil.which("posbench"), *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout, **kwargs)
+def posbench_cli(*args, cwd, env=None, timeout=600, ok=True, in_process=False, **kwargs):
+    """The installed `posbench ARGS` in a subprocess; with ok, it must exit 0. in_process: through
+    run_in_process instead (no start-up of its own, about 2 s of imports), for a test whose point
+    is not the installed command or the process boundary; env and kwargs are for a subprocess."""
+    if in_process:
+        assert env is None and not kwargs, "a subprocess's env and options"
+        proc = run_in_process(list(args), cwd=cwd)
+    else:
+        proc = subprocess.run([shutil.which("posbench"), *args], cwd=cwd, env=env,
+                              capture_output=True, text=True, timeout=timeout, **kwargs)
     if ok:
         assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
 
-def run_in_process(argv, monkeypatch, capsys):
-    """`posbench ARGV` through the console script's own function, in this process."""
-    monkeypatch.setattr(sys, "argv", ["posbench", *argv])
-    try:
-        main()
-        code = 0
-    except SystemExit as exit:
-        code = exit.code
-    out, err = capsys.readouterr()
+def run_in_process(argv, monkeypatch=None, capsys=None, cwd=None):
+    """`posbench ARGV` through the console script's own function, in this process, as a
+    CompletedProcess (returncode: its exit status). From a test, with its monkeypatch and capsys;
+    from a fixture of any scope, without them: sys.argv is then patched for the call alone and
+    stdout and stderr are read in memory. cwd: the folder it runs in, the caller's restored after
+    (relative run dirs, conf/). The root logger's handlers are restored after too: a run's Hydra
+    points them at the stdout it ran under, which the caller's later logs must not reach."""
+    import contextlib
+    import io
+    import logging
+    import os
+
+    import pytest
+
+    root = logging.getLogger()
+    handlers, level, here = root.handlers[:], root.level, os.getcwd()
+    with contextlib.ExitStack() as stack:
+        if monkeypatch is None:
+            monkeypatch = stack.enter_context(pytest.MonkeyPatch.context())
+        if capsys is None:
+            out, err = io.StringIO(), io.StringIO()
+            stack.enter_context(contextlib.redirect_stdout(out))
+            stack.enter_context(contextlib.redirect_stderr(err))
+        monkeypatch.setattr(sys, "argv", ["posbench", *argv])
+        try:
+            if cwd is not None:
+                os.chdir(cwd)
+            main()
+            code = 0
+        except SystemExit as exit:
+            code = exit.code
+        finally:
+            os.chdir(here)
+            root.handlers[:] = handlers
+            root.setLevel(level)
+    out, err = capsys.readouterr() if capsys is not None else (out.getvalue(), err.getvalue())
     return subprocess.CompletedProcess(argv, code, out, err)
 
 
