@@ -94,7 +94,7 @@ def test_own_configs_in_conf_are_found_beside_the_packaged_ones(tmp_path, monkey
 
 
 def test_list_names_every_encoding(tmp_path):
-    out = posbench_cli("list", cwd=tmp_path).stdout
+    out = posbench_cli("list", cwd=tmp_path, in_process=True).stdout
     for name in registry():
         assert f"  {name} " in out
 
@@ -143,7 +143,7 @@ def test_the_installed_command_exits_non_zero_on_bad_input_with_one_line(tmp_pat
 def test_finished_run_dir_is_never_overwritten(tmp_path, toy, toy_run_copy):
     before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
     proc = posbench_cli("train", *toy, "encoding=alibi", "train.warmup_steps=2",
-                        "hydra.run.dir=run", cwd=tmp_path, ok=False)
+                        "hydra.run.dir=run", cwd=tmp_path, ok=False, in_process=True)
     assert proc.returncode != 0 and "already holds results.json" in proc.stderr
     assert "train.warmup_steps" in proc.stderr.split("(also ")[1]  # every differing key named
     after = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
@@ -193,7 +193,8 @@ def test_typos_in_eval_are_one_line_with_a_did_you_mean(tmp_path, toy_run_copy, 
 
 def test_eval_lengths_none_past_the_training_length_are_named_before_training(tmp_path, toy,
                                                                                toy_run):
-    proc = posbench_cli("train", *toy, "eval.lengths=[16,32]", "hydra.run.dir=run", cwd=tmp_path)
+    proc = posbench_cli("train", *toy, "eval.lengths=[16,32]", "hydra.run.dir=run", cwd=tmp_path,
+                        in_process=True)
     warning = ("posbench: warning: eval.lengths=[16, 32] has no length past train.seq_len=32: "
                "the run measures no extrapolation (its log-ppl growth past L is '—' in reports); "
                "a length above 32 measures it")
@@ -208,7 +209,8 @@ def test_help_version_and_the_key_a_refusal_names(tmp_path, toy, monkeypatch, ca
     for verb in ("report", "inspect", "extend", "longrope"):
         proc = run_in_process([verb, "--help"], monkeypatch, capsys)
         assert proc.stdout.startswith(f"usage: posbench {verb} ") and proc.stderr == ""
-    assert posbench_cli("--version", cwd=tmp_path).stdout == f"posbench {posbench.__version__}\n"
+    assert run_in_process(["--version"], monkeypatch, capsys).stdout == (
+        f"posbench {posbench.__version__}\n")
     with pytest.raises(posbench.ConfigError, match="nosuch' does not exist"):
         posbench.load_run(tmp_path / "nosuch")
     assert run_in_process(["train", *toy, "encoding=alibi", "hydra.run.dir=alibi"], monkeypatch,
