@@ -297,6 +297,10 @@ def _check_rope_remap(cfg) -> None:
                 "null unless eval.rope_scaling=shifted_rope")
         require(isinstance(shift, int) and shift >= 2, "eval.rope_shift", shift,
                 "an integer >= 2 (STRING's S)")
+    chunk = cfg.eval.get("rope_chunk")  # absent from runs saved before it existed
+    if chunk is not None:
+        require(scaling == "dca", "eval.rope_chunk", chunk, "null unless eval.rope_scaling=dca")
+        require_positive("eval.rope_chunk", chunk)
     from posbench.encodings.base import encoding_class, registry
 
     if scaling in ROPE_REMAPS and not encoding_class(cfg.encoding).rope_remaps:

@@ -24,9 +24,9 @@ F64 = torch.float64
 D, L, BASE = 16, 32, 1e4
 
 
-def encoding(scaling="none", window=None):
+def encoding(scaling="none", window=None, chunk=None):
     enc = RoPE(RoPE.Config(name="rope", base=BASE), Dims(1, 2, 2 * D, L, 16 * L))
-    enc.set_eval_options(scaling, rope_window=window)
+    enc.set_eval_options(scaling, rope_window=window, rope_chunk=chunk)
     return enc
 
 
@@ -82,16 +82,18 @@ def heads(B, H, T, seed):
     return (torch.randn(B, H, T, D, dtype=F64, generator=gen) for _ in range(3))
 
 
-@pytest.mark.parametrize("window", [None, 14])  # L/8 = 4 (c = 20); 14 >= c - 1 = 9
+# (w, s): the defaults L/8 = 4 and 3L/4 = 24 (c = 20); w = 14 >= c - 1 = 9; eval.rope_chunk at
+# L = 32 (c = 28, the largest lag L), and at 12 with w = 6 >= c - 1 = 5
+@pytest.mark.parametrize("window,chunk", [(None, None), (14, None), (None, 32), (6, 12)])
 @pytest.mark.parametrize("offset", [0, 7])
-def test_dca_matches_the_reference_positions_across_blocks(window, offset, monkeypatch):
+def test_dca_matches_the_reference_positions_across_blocks(window, chunk, offset, monkeypatch):
     monkeypatch.setattr(attention, "BLOCK_ELEMENTS", 1)  # blocks of 16 query rows
-    T = 70  # four chunks of c = 20 (3 of c = 10): intra, successive and inter-chunk keys
+    T = 70  # three to twelve chunks: intra, successive and inter-chunk keys
     q, k, v = heads(2, 2, T, 0)
     pos = (torch.arange(T) + offset).unsqueeze(0).expand(2, T)
-    enc = encoding("dca", window)
+    enc = encoding("dca", window, chunk)
     remap = enc.remapping
-    assert (remap.chunk, remap.window) == (24, window or 4)
+    assert (remap.chunk, remap.window) == (chunk or 24, window or 4)
     want_probs, want = dca_oracle(q, k, v, pos[:1], remap.chunk, remap.window)
     torch.testing.assert_close(attend(q, k, v, pos, enc, 0), want, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(attention_probs(q, k, pos, enc, 0, 20, 60),
@@ -107,9 +109,10 @@ def test_dca_reads_each_sequence_positions():
     torch.testing.assert_close(attend(q, k, v, pos, enc, 0), want, rtol=1e-10, atol=1e-12)
 
 
-def test_dca_lags_at_16l_are_the_reference_s_and_stay_within_the_chunk_size():
+@pytest.mark.parametrize("chunk", [None, 10])
+def test_dca_lags_at_16l_are_the_reference_s_and_stay_within_the_chunk_size(chunk):
     n = 16 * L
-    remap = remap_for("dca", L)
+    remap = remap_for("dca", L, chunk=chunk)
     pos = torch.arange(n).view(1, -1)
     q_pos, k_pos = remap.far_positions(pos, n)
     i, j = torch.arange(n).view(1, 1, -1, 1), torch.arange(n).view(1, 1, 1, -1)
@@ -119,17 +122,19 @@ def test_dca_lags_at_16l_are_the_reference_s_and_stay_within_the_chunk_size():
     want = torch.tensor([[dca_lag(a, b, remap.chunk, remap.window) if b <= a else 0
                           for b in range(n)] for a in range(n)], dtype=F64)
     torch.testing.assert_close(got[causal], want[causal], rtol=0, atol=0)
-    assert got[causal].max().item() == remap.chunk < L
+    assert got[causal].max().item() == remap.chunk == (chunk or 24)
 
 
-def test_dca_up_to_the_chunk_size_is_plain_rope():
-    chunk = remap_for("dca", L).chunk  # 24: every query of 0..24 sees its keys at their lag
+@pytest.mark.parametrize("chunk", [None, 16])
+def test_dca_up_to_the_chunk_size_is_plain_rope(chunk):
+    s = remap_for("dca", L, chunk=chunk).chunk  # every query of 0..s sees its keys at their lag
     plain = encoding()
-    for T, same in ((chunk + 1, True), (chunk + 2, False)):
+    for T, same in ((s + 1, True), (s + 2, False)):
         q, k, v = heads(1, 2, T, 2)
         pos = torch.arange(T).unsqueeze(0)
         rq, rk = plain.rotate(q, k, pos, 0)
-        got, want = attend(q, k, v, pos, encoding("dca"), 0), attend(rq, rk, v, pos, plain, 0)
+        got = attend(q, k, v, pos, encoding("dca", chunk=chunk), 0)
+        want = attend(rq, rk, v, pos, plain, 0)
         assert torch.allclose(got, want, rtol=1e-12, atol=1e-12) == same
 
 
@@ -207,6 +212,14 @@ def test_the_record_names_the_values_in_effect():
     dca = posbench.compose(["eval.rope_scaling=dca"])
     assert remap_record(dca.eval, 128) == {"near": None, "window": 16, "shift": None,
                                            "factor": None, "chunk": 96}
+    # eval.rope_chunk, as evaluation hands it to the model, and as results.json records it
+    dca = posbench.compose(["model.n_layer=1", "model.d_model=32", "model.n_head=2",
+                            "train.seq_len=32", "eval.rope_scaling=dca", "eval.rope_chunk=20"])
+    model = posbench.build_model(dca, 64)
+    set_eval_options(model, dca.eval)
+    assert model.encoding.remapping[:2] == ("dca", 4) and model.encoding.remapping.chunk == 20
+    assert remap_record(dca.eval, 32) == {"near": None, "window": 4, "shift": None,
+                                          "factor": None, "chunk": 20}
     stream = posbench.compose(["eval.rope_scaling=streaming_llm", "eval.attention=lambda"])
     assert remap_record(stream.eval, 128) == {"near": 124, "window": None, "shift": None,
                                               "factor": None}
@@ -217,7 +230,18 @@ def test_the_record_names_the_values_in_effect():
     (["encoding=xpos", "eval.rope_scaling=streaming_llm", "eval.attention=lambda"],
      "rotate by RoPE alone"),
     (["eval.rope_scaling=dca", "eval.rope_scaling_factor=2"], "null for dca"),
-    (["eval.rope_scaling=dca", "eval.rope_window=96"], "below DCA's chunk size 96"),
+    (["eval.rope_scaling=dca", "eval.rope_window=96"],
+     "eval.rope_window=96 is not accepted; expected a local window below DCA's chunk size 96"),
+    (["eval.rope_scaling=dca", "eval.rope_window=20", "eval.rope_chunk=20"],
+     "eval.rope_window=20 is not accepted; expected a local window below DCA's chunk size 20"),
+    (["eval.rope_scaling=dca", "eval.rope_chunk=16"],
+     "eval.rope_chunk=16 is not accepted; expected a chunk size above DCA's local window 16"),
+    (["eval.rope_scaling=dca", "eval.rope_chunk=129"],
+     "eval.rope_chunk=129 is not accepted; expected a chunk size of at most train.seq_len=128"),
+    (["eval.rope_scaling=dca", "eval.rope_chunk=0"],
+     "eval.rope_chunk=0 is not accepted; expected a positive integer"),
+    (["eval.rope_scaling=self_extend", "eval.rope_chunk=64"],
+     "eval.rope_chunk=64 is not accepted; expected null unless eval.rope_scaling=dca"),
     (["eval.rope_scaling=dca", "eval.rope_shift=8"], "null unless eval.rope_scaling=shifted"),
     (["eval.rope_scaling=streaming_llm"],
      "eval.rope_scaling='streaming_llm' is not accepted; expected it with eval.attention=lambda"),

@@ -83,7 +83,7 @@ from posbench.core.registry import Entry, Registry
 FAMILIES = ("none", "absolute", "rotary", "group", "bias", "contextual", "hybrid")
 # the eval.* keys that evaluate() passes to set_eval_options, in its argument order
 EVAL_OPTIONS = ("rope_scaling", "temperature", "rope_scaling_factor", "randomized_positions",
-                "rope_window", "rope_shift", "longrope_factors")
+                "rope_window", "rope_shift", "rope_chunk", "longrope_factors")
 
 
 @dataclass
@@ -191,9 +191,11 @@ class PositionalEncoding(nn.Module):
     def set_eval_options(self, rope_scaling: str = "none", temperature: Optional[str] = None,
                          rope_scaling_factor: Optional[float] = None,
                          randomized_positions: str = "plain", rope_window: Optional[int] = None,
-                         rope_shift: Optional[int] = None, longrope_factors=None) -> None:
+                         rope_shift: Optional[int] = None, rope_chunk: Optional[int] = None,
+                         longrope_factors=None) -> None:
         """Change the encoding at evaluation without retraining (config.check validates first).
-        longrope_factors: eval.longrope_factors, a file's path, read by a rotary encoding."""
+        rope_chunk (DCA's chunk size) and longrope_factors (eval.longrope_factors, a file's path)
+        are read by a rotary encoding."""
         if rope_scaling != "none" and not self.rotary:
             raise ValueError(f"rope_scaling={rope_scaling!r} needs a rotary encoding, "
                              f"not {type(self).__name__}")

@@ -117,7 +117,7 @@ class Randomized(PositionalEncoding):
 
     def set_eval_options(self, rope_scaling="none", temperature=None, rope_scaling_factor=None,
                          randomized_positions="plain", rope_window=None, rope_shift=None,
-                         longrope_factors=None):
+                         rope_chunk=None, longrope_factors=None):
         super().set_eval_options(rope_scaling, temperature, rope_scaling_factor,
                                  randomized_positions, rope_window, rope_shift)
         self.base.set_eval_options(rope_scaling, rope_scaling_factor=rope_scaling_factor,

@@ -109,7 +109,8 @@ SELF_EXTEND_WINDOW = 1 / 4  # datamllab/LongLM: neighbour window 1024 for Llama-
 STRING_SHIFT = 1 / 3  # HKUNLP/STRING: shifted_offset S = 0.33 L
 STRING_LOCAL = 1 / 16  # HKUNLP/STRING: local window W = 128, i.e. L/16 at a 2048-token L
 # HKUNLP/ChunkLlama chunkllama_attn_replace.py: chunk_size = 3/4 and local_window = 1/8 of the
-# pretraining length (replace_with_chunkllama); chunks of chunk_size - local_window tokens
+# pretraining length (replace_with_chunkllama); chunks of chunk_size - local_window tokens.
+# eval.rope_chunk and eval.rope_window set them
 DCA_CHUNK = 3 / 4
 DCA_LOCAL = 1 / 8
 
@@ -198,10 +199,12 @@ class Remap(NamedTuple):
 
 
 def remap_for(rope_scaling: str, train_len: int, window: Optional[int] = None,
-              shift: Optional[int] = None, factor: Optional[float] = None) -> Remap:
-    """The remap `rope_scaling` (one of REMAPS) with eval.rope_window, eval.rope_shift and
-    eval.rope_scaling_factor, each null taking its default at training length train_len.
-    StreamingLLM reads its sinks and window from the attention's span when it is applied."""
+              shift: Optional[int] = None, factor: Optional[float] = None,
+              chunk: Optional[int] = None) -> Remap:
+    """The remap `rope_scaling` (one of REMAPS) with eval.rope_window, eval.rope_shift,
+    eval.rope_scaling_factor and eval.rope_chunk, each null taking its default at training length
+    train_len. StreamingLLM reads its sinks and window from the attention's span when it is
+    applied."""
     def default(fraction: float, at_least: int = 1) -> int:
         return max(at_least, round(fraction * train_len))
 
@@ -212,7 +215,7 @@ def remap_for(rope_scaling: str, train_len: int, window: Optional[int] = None,
                      train_len)
     if rope_scaling == "dca":
         return Remap("dca", window or default(DCA_LOCAL), None, None, train_len,
-                     chunk=default(DCA_CHUNK, 2))
+                     chunk=chunk or default(DCA_CHUNK, 2))
     if rope_scaling == "streaming_llm":
         return Remap("streaming_llm", 0, None, None, train_len)
     return Remap("shifted_rope", window or default(STRING_LOCAL), shift or default(STRING_SHIFT, 2),
@@ -227,7 +230,8 @@ def remap_record(eval_cfg, train_len: int) -> Optional[dict]:
     if eval_cfg.rope_scaling not in REMAPS:
         return None
     remap = remap_for(eval_cfg.rope_scaling, train_len, eval_cfg.get("rope_window"),
-                      eval_cfg.get("rope_shift"), eval_cfg.get("rope_scaling_factor"))
+                      eval_cfg.get("rope_shift"), eval_cfg.get("rope_scaling_factor"),
+                      eval_cfg.get("rope_chunk"))
     record = {"near": remap.near, "window": remap.window, "shift": remap.shift,
               "factor": remap.factor}
     if remap.name == "dca":
@@ -242,7 +246,8 @@ def check_remap(eval_cfg, train_len: int) -> None:
     """Refuses, in one line, remap values that do not fit the training length L (the encoding's
     check: it knows L)."""
     remap = remap_for(eval_cfg.rope_scaling, train_len, eval_cfg.get("rope_window"),
-                      eval_cfg.get("rope_shift"), eval_cfg.get("rope_scaling_factor"))
+                      eval_cfg.get("rope_shift"), eval_cfg.get("rope_scaling_factor"),
+                      eval_cfg.get("rope_chunk"))
     key = "eval.rope_window"
     if remap.name == "rerope":
         require(remap.window <= train_len, key, remap.window,
@@ -260,9 +265,19 @@ def check_remap(eval_cfg, train_len: int) -> None:
         require(factor is None, "eval.rope_scaling_factor", factor,
                 f"null for {remap.name} (it moves positions, it does not scale them)")
         if remap.name == "dca":
-            require(remap.window < remap.chunk, key, remap.window,
-                    f"a local window below DCA's chunk size {remap.chunk} (3/4 of train.seq_len="
-                    f"{train_len}; its chunks hold chunk size - local window tokens)")
+            require(remap.chunk <= train_len, "eval.rope_chunk", remap.chunk,
+                    f"a chunk size of at most train.seq_len={train_len} for dca (its largest lag "
+                    "is the chunk size)")
+            # its chunks hold s - w tokens; the refusal names the value the command set (the
+            # defaults always fit)
+            if eval_cfg.get("rope_window") is None:
+                require(remap.window < remap.chunk, "eval.rope_chunk", remap.chunk,
+                        f"a chunk size above DCA's local window {remap.window} (eval.rope_window, "
+                        f"null: 1/8 of train.seq_len={train_len})")
+            else:
+                require(remap.window < remap.chunk, key, remap.window,
+                        f"a local window below DCA's chunk size {remap.chunk} (eval.rope_chunk, "
+                        f"null: 3/4 of train.seq_len={train_len})")
         else:
             require(eval_cfg.get("attention", "global") == "lambda", "eval.rope_scaling",
                     "streaming_llm", "it with eval.attention=lambda (it gives the lambda mask's "
@@ -366,7 +381,7 @@ class RoPE(PositionalEncoding):
 
     def set_eval_options(self, rope_scaling="none", temperature=None, rope_scaling_factor=None,
                          randomized_positions="plain", rope_window=None, rope_shift=None,
-                         longrope_factors=None):
+                         rope_chunk=None, longrope_factors=None):
         """longrope_factors: a factors file's path, or the factors themselves (LongRoPE: the
         search's candidates)."""
         if rope_scaling in REMAPS and not self.rope_remaps:
@@ -386,7 +401,7 @@ class RoPE(PositionalEncoding):
         self.remapping = None
         if rope_scaling in REMAPS:
             self.remapping = remap_for(rope_scaling, self.dims.train_len, rope_window, rope_shift,
-                                       rope_scaling_factor)
+                                       rope_scaling_factor, rope_chunk)
             self.rotate, self.remap = None, self.remapped_heads
 
     def remapped_heads(self, q, k, pos, layer, span: Span = GLOBAL):

@@ -61,11 +61,13 @@ class EvalConfig:
     rope_scaling_factor: Optional[float] = None
     # the remaps' window (null: the method's default at L): rerope's w (L/8), self_extend's
     # neighbour window W (L/4), shifted_rope's local window W (L/16), dca's local window w
-    # (L/8; its chunk size is 3L/4, chunks of 3L/4 - w tokens); lags below it, or below
-    # shifted_rope's shift S, keep RoPE's positions
+    # (L/8); lags below it, or below shifted_rope's shift S, keep RoPE's positions
     rope_window: Optional[int] = None
     # shifted_rope's S (null: L/3): lags d >= S are shifted to d - S + W
     rope_shift: Optional[int] = None
+    # dca's chunk size s (null: 3L/4, ChunkLlama's), above its local window and at most L: chunks
+    # of s - w tokens, and no lag beyond s
+    rope_chunk: Optional[int] = None
     # with rope_scaling=longrope: the JSON file of LongRoPE's factors, one per rotary pair, and
     # the length they were chosen for (`posbench longrope RUN_DIR --length N` writes one;
     # posbench/encodings/longrope.py); results.json records the values
