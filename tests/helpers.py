@@ -1,4 +1,5 @@
 """Checks and runners shared by the tests (imported as `from helpers import ...`)."""
+import contextlib
 import copy
 import functools
 import json
@@ -101,12 +102,12 @@ def posbench_cli(*args, cwd, env=None, timeout=600, ok=True, in_process=False, *
 def run_in_process(argv, monkeypatch=None, capsys=None, cwd=None):
     """`posbench ARGV` through the console script's own function, in this process, as a
     CompletedProcess (returncode: its exit status). From a test, with its monkeypatch and capsys;
-    from a fixture of any scope, without them: sys.argv is then patched for the call alone and
-    stdout and stderr are read in memory. cwd: the folder it runs in, the caller's restored after
-    (relative run dirs, conf/). The root logger's handlers are restored after too: a run's Hydra
-    points them at the stdout it ran under, which the caller's later logs must not reach."""
+    from a fixture of any scope, without them: sys.argv is then patched for the call alone, and
+    stdout and stderr are read as a subprocess's would be, with what its own child processes
+    write (`posbench reproduce` runs `posbench train`). cwd: the folder it runs in, the caller's
+    restored after (relative run dirs, conf/). The root logger's handlers are restored after too:
+    a run's Hydra points them at the stdout it ran under, which the caller's logs must not reach."""
     import contextlib
-    import io
     import logging
     import os
 
@@ -118,9 +119,7 @@ def run_in_process(argv, monkeypatch=None, capsys=None, cwd=None):
         if monkeypatch is None:
             monkeypatch = stack.enter_context(pytest.MonkeyPatch.context())
         if capsys is None:
-            out, err = io.StringIO(), io.StringIO()
-            stack.enter_context(contextlib.redirect_stdout(out))
-            stack.enter_context(contextlib.redirect_stderr(err))
+            captured = stack.enter_context(_output_in_files())
         monkeypatch.setattr(sys, "argv", ["posbench", *argv])
         try:
             if cwd is not None:
@@ -133,8 +132,41 @@ def run_in_process(argv, monkeypatch=None, capsys=None, cwd=None):
             os.chdir(here)
             root.handlers[:] = handlers
             root.setLevel(level)
-    out, err = capsys.readouterr() if capsys is not None else (out.getvalue(), err.getvalue())
+    out, err = capsys.readouterr() if capsys is not None else captured
     return subprocess.CompletedProcess(argv, code, out, err)
+
+
+@contextlib.contextmanager
+def _output_in_files():
+    """sys.stdout and sys.stderr, and file descriptors 1 and 2 that child processes inherit,
+    written to two temporary files, in the order written; the yielded list holds their text once
+    the block has ended."""
+    import io
+    import os
+    import tempfile
+
+    texts = []
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        files = (out, err)
+        streams = [io.TextIOWrapper(io.FileIO(f.fileno(), "w", closefd=False), encoding="utf-8",
+                                    write_through=True) for f in files]
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved = [os.dup(1), os.dup(2)]
+        try:
+            for fd, f in zip((1, 2), files):
+                os.dup2(f.fileno(), fd)
+            with contextlib.redirect_stdout(streams[0]), contextlib.redirect_stderr(streams[1]):
+                yield texts
+        finally:
+            for fd, old in zip((1, 2), saved):
+                os.dup2(old, fd)
+                os.close(old)
+            for stream in streams:  # closed: a stream still held somewhere fails, never writes
+                stream.close()      # into whatever file reuses the descriptor
+        for f in files:
+            f.seek(0)
+            texts.append(f.read().decode("utf-8", errors="replace"))
 
 
 def results(run_dir):
