@@ -127,7 +127,7 @@ def test_train_writes_the_grid_the_heatmap_and_effective_lengths(tmp_path, toy):
     run = ["train.seq_len=64", "eval.lengths=[64,128]", "eval.retrieval.enabled=true",
            "eval.retrieval.trials=2", "eval.retrieval.key_tokens=4",
            "eval.retrieval.depths=[0,0.5,1]", "train.retrieval_mix=0.5"]
-    posbench_cli("train", *toy, *run, "hydra.run.dir=run", cwd=tmp_path)
+    posbench_cli("train", *toy, *run, "hydra.run.dir=run", cwd=tmp_path, in_process=True)
     record = json.loads((tmp_path / "run" / "results.json").read_text())
     r = record["eval"]["retrieval"]
     assert [(c["length"], c["depth"]) for c in r["grid"]] == [
@@ -144,7 +144,7 @@ def test_train_writes_the_grid_the_heatmap_and_effective_lengths(tmp_path, toy):
     assert record["config"]["train"]["retrieval_mix"] == 0.5
     assert (tmp_path / "run" / "retrieval_heatmap.png").stat().st_size > 0
 
-    proc = posbench_cli("report", "run", cwd=tmp_path)
+    proc = posbench_cli("report", "run", cwd=tmp_path, in_process=True)
     summary = (tmp_path / "run" / "summary.md").read_text()
     assert "| encoding | by ppl | by retrieval | by retrieval, relative |" in summary
     assert "bits saved per key token by length" in summary
@@ -175,7 +175,7 @@ def test_a_retrieval_rescore_prints_and_reports_retrieval_not_a_copied_perplexit
     asked = ["eval.retrieval.enabled=true", "eval.retrieval.trials=1",
              "eval.retrieval.key_tokens=4", "eval.retrieval.lengths=[64]",
              "eval.retrieval.depths=[0.5]"]
-    proc = posbench_cli("eval", "run", *asked, cwd=tmp_path)
+    proc = posbench_cli("eval", "run", *asked, cwd=tmp_path, in_process=True)
     (path,) = (tmp_path / "run").glob("results.eval-*.json")
     record = json.loads(path.read_text())
     label = f"rope ({record['rescore']['label']})"
@@ -184,7 +184,7 @@ def test_a_retrieval_rescore_prints_and_reports_retrieval_not_a_copied_perplexit
     assert "Passkey retrieval: bits saved per key token by length" in proc.stdout
     assert f"| {label} | {bits:.3f} |" in proc.stdout
 
-    posbench_cli("report", "run", cwd=tmp_path)
+    posbench_cli("report", "run", cwd=tmp_path, in_process=True)
     summary = (tmp_path / "run" / "summary.md").read_text()
     assert f"| {label} | {bits:.3f} |" in summary  # a retrieval row
     assert "1 runs, 1 re-scores" in summary
