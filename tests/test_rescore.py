@@ -26,7 +26,7 @@ def sweep(tmp_path_factory):
     """A real two-encoding sweep, re-scored by one command with three RoPE scalings."""
     root = tmp_path_factory.mktemp("rescore")
     posbench_cli("train", "-m", *TOY_SWEEP, "encoding=rope,alibi", "hydra.sweep.dir=sweep",
-                 cwd=root)
+                 cwd=root, in_process=True)
     sweep = root / "sweep"
     rope, alibi = sweep / "encoding-rope", sweep / "encoding-alibi"
     before = {job: files(job) for job in (rope, alibi)}
@@ -70,7 +70,7 @@ def test_a_folder_rescore_prints_a_line_per_run_and_one_summary_table(sweep, tmp
     _, folder, *_ = sweep
     shutil.copytree(folder, tmp_path / "sweep")
     lengths = "eval.lengths=[32,48,64,96,128,160,192,256]"  # a table of 8 rows per run before
-    proc = posbench_cli("eval", "sweep", "-m", lengths, cwd=tmp_path)
+    proc = posbench_cli("eval", "sweep", "-m", lengths, cwd=tmp_path, in_process=True)
     lines = (proc.stdout + proc.stderr).splitlines()
     assert len(lines) <= 15, proc.stdout + proc.stderr
     tag = change_tag({"eval.lengths": [32, 48, 64, 96, 128, 160, 192, 256]})
@@ -110,7 +110,7 @@ def test_a_rescore_is_a_wandb_run_of_its_own_in_the_training_runs_group(sweep):
 def test_the_same_rescore_again_is_skipped_and_writes_nothing(sweep):
     root, folder, rope, alibi, _, _ = sweep
     before = files(folder)
-    proc = posbench_cli("eval", str(rope), "eval.rope_scaling=yarn", cwd=root)
+    proc = posbench_cli("eval", str(rope), "eval.rope_scaling=yarn", cwd=root, in_process=True)
     assert "results.eval-rope_scaling-yarn.json already holds this re-score" in proc.stdout
     assert files(folder) == before
 
