@@ -211,7 +211,7 @@ def test_the_judge_reads_the_declared_re_scores_of_the_source_rows_runs_and_only
 
 def test_the_entry_dry_runs_through_the_cli(tmp_path):
     done = posbench_cli("reproduce", "gelberg2025_retrieval", "gelberg2025_retrieval=rope,drope",
-                        "seed=0", "train.steps=10", "--dry-run", cwd=tmp_path)
+                        "seed=0", "train.steps=10", "--dry-run", cwd=tmp_path, in_process=True)
     assert "posbench train -m +experiment=gelberg2025_retrieval" in done.stdout
     for row in ("rope", "drope"):
         assert f"  gelberg2025_retrieval-{row}_seed-0: " in done.stdout
@@ -232,11 +232,12 @@ ROPE, NOPE = "gelberg2025_retrieval-rope_seed-0", "gelberg2025_retrieval-nope_se
 
 @pytest.fixture(scope="module")
 def toy_sweep(tmp_path_factory):
-    """The entry at a toy scale through the installed CLI: RoPE and NoPE, one seed."""
+    """The entry at a toy scale through the CLI (`posbench reproduce` in this process, its
+    trainings and re-scores the installed command's): RoPE and NoPE, one seed."""
     cwd = tmp_path_factory.mktemp("gelberg_retrieval")
     sweep = cwd / "sweep"
     args = ("reproduce", "gelberg2025_retrieval", *TOY, f"hydra.sweep.dir={sweep}")
-    return cwd, sweep, args, posbench_cli(*args, cwd=cwd)
+    return cwd, sweep, args, posbench_cli(*args, cwd=cwd, in_process=True)
 
 
 def by_row(sweep, files):
@@ -286,7 +287,8 @@ def test_the_table_reads_each_re_score_file_as_its_row(toy_sweep, tmp_path):
             for k, point in enumerate(record["eval"]["ruler"]["tasks"][task]["by_length"]):
                 point["recall"] = round(0.1 * (i + 1) + 0.03 * j + 0.01 * k, 2)
         path.write_text(json.dumps(record))
-    done = posbench_cli("reproduce", "gelberg2025_retrieval", "--report", str(copy), cwd=cwd)
+    done = posbench_cli("reproduce", "gelberg2025_retrieval", "--report", str(copy), cwd=cwd,
+                        in_process=True)
     for row, tasks in by_row(copy, toy_files()).items():
         cells = " | ".join(f"{ENTRY.published[row][c]:.1f} | {100 * tasks[t][2.0]:.1f} "
                            f"({100 * tasks[t][1.0]:.1f})"
@@ -298,7 +300,7 @@ def test_a_second_run_skips_the_trainings_and_the_re_scores(toy_sweep):
     cwd, sweep, args, _ = toy_sweep
     written = sorted(sweep.glob("*/results*.json"))
     before = {p: p.stat().st_mtime_ns for p in written}
-    again = posbench_cli(*args, cwd=cwd)
+    again = posbench_cli(*args, cwd=cwd, in_process=True)
     assert again.stdout.count("posbench: skipped") == 2 + len(RESCORES)
     assert "posbench reproduce: rope_" not in again.stdout  # no `posbench eval` was run
     assert {p: p.stat().st_mtime_ns for p in sorted(sweep.glob("*/results*.json"))} == before
@@ -321,7 +323,7 @@ def test_a_failed_re_score_is_named_and_its_row_judged_without_it(toy_sweep, tmp
     (copy / ROPE / "results.eval-rope_scaling-pi_rope_scaling_factor-2.json").write_text(
         json.dumps(stray))
     done = posbench_cli("reproduce", "gelberg2025_retrieval", *TOY, f"hydra.sweep.dir={copy}",
-                        cwd=cwd, ok=False)
+                        cwd=cwd, ok=False, in_process=True)
     assert done.returncode == 2 and f"RUN_DIR='{copy / ROPE}' is not accepted" in done.stderr
     report = json.loads((copy / "reproduction.json").read_text())
     assert report["rescores"]["missing"] == [
