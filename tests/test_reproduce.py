@@ -214,11 +214,12 @@ def test_a_cpu_entrys_jobs_run_one_per_core_unless_a_launcher_is_chosen():
 
 @pytest.fixture(scope="module")
 def reproduced(tmp_path_factory):
-    """alibi_table2_cpu at a toy scale, two encodings, through the installed CLI."""
+    """alibi_table2_cpu at a toy scale, two encodings, through the CLI (`posbench reproduce` in
+    this process, its sweep the installed command's)."""
     cwd = tmp_path_factory.mktemp("reproduce")
     sweep = cwd / "sweep"
     args = ("reproduce", "alibi_table2_cpu", *TOY, f"hydra.sweep.dir={sweep}")
-    first = posbench_cli(*args, cwd=cwd)
+    first = posbench_cli(*args, cwd=cwd, in_process=True)
     return cwd, sweep, args, first
 
 
@@ -244,13 +245,14 @@ def test_report_judges_the_finished_runs_again_and_a_second_run_skips_them(repro
     cwd, sweep, args, _ = reproduced
     for name in ("reproduction.md", "reproduction.json"):
         (sweep / name).unlink()
-    judged = posbench_cli("reproduce", "alibi_table2_cpu", "--report", str(sweep), cwd=cwd)
+    judged = posbench_cli("reproduce", "alibi_table2_cpu", "--report", str(sweep), cwd=cwd,
+                          in_process=True)
     assert "| parity_at_L |" in judged.stdout
     assert json.loads((sweep / "reproduction.json").read_text())["entry"] == "alibi_table2_cpu"
     results = sorted(sweep.glob("*/results.json"))
     assert len(results) == 2
     before = {p: p.stat().st_mtime_ns for p in results}
-    again = posbench_cli(*args, cwd=cwd)
+    again = posbench_cli(*args, cwd=cwd, in_process=True)
     assert again.stdout.count("posbench: skipped") == 2
     assert {p: p.stat().st_mtime_ns for p in results} == before
 
@@ -325,7 +327,7 @@ def test_every_command_of_the_doc_page_is_accepted_and_list_runs(monkeypatch, ca
         assert all("=" in o for o in overrides)
     for name in ENTRIES:
         assert f"`{name}`" in DOCS.read_text()
-    listed = posbench_cli("reproduce", "--list", cwd=tmp_path).stdout.splitlines()
+    listed = posbench_cli("reproduce", "--list", cwd=tmp_path, in_process=True).stdout.splitlines()
     assert [line.split()[0] for line in listed] == list(ENTRIES)
     assert "needs a GPU (CPU: alibi_table2_cpu)" in listed[0]
     assert all(line.endswith("runs on a CPU") for line in listed[1:])
