@@ -41,8 +41,9 @@ USAGE = """usage: posbench <verb> [args]
                              retraining; -m sweeps eval keys, e.g.
                              posbench eval SWEEP_DIR -m eval.rope_scaling=none,pi,ntk,yarn
   extend RUN_DIR [overrides]  continue a finished run at a longer length (train.seq_len, default 4x)
-                             with train.rope_scaling=none|pi|ntk|yarn|llama3 or train.pose_span
-                             (PoSE), its metric by step in eval_vs_step.csv; -m sweeps, e.g.
+                             with train.rope_scaling=none|pi|ntk|yarn|llama3, or longrope with
+                             train.longrope_factors, or train.pose_span (PoSE), its metric by
+                             step in eval_vs_step.csv; -m sweeps, e.g.
                              posbench extend RUN_DIR -m train.rope_scaling=pi,yarn
   longrope RUN_DIR --length N [--seed S] [--scale X]
                              LongRoPE's evolutionary search for per-pair RoPE factors at length N

@@ -106,9 +106,11 @@ class TrainConfig:
     # an extension keeps the first run of its lineage's; null: train.seq_len
     original_len: Optional[int] = None
     # a rotary scaling to train with, as eval.rope_scaling evaluates: none, pi, ntk, yarn or
-    # llama3, with a static factor, or null (dynamic)
+    # llama3, with a static factor, or null (dynamic); or longrope, with longrope_factors, the
+    # JSON file of LongRoPE's factors for the length training reaches, applied at every length
     rope_scaling: str = "none"
     rope_scaling_factor: Optional[float] = None
+    longrope_factors: Optional[str] = None
     # PoSE (Zhu et al. 2024): each training window's positions skip so that they span this many,
     # a longer context simulated in train.seq_len tokens; null: 0 .. seq_len-1
     pose_span: Optional[int] = None
@@ -159,8 +161,8 @@ ROPE_SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope
 ROPE_REMAPS = ROPE_SCALINGS[7:]  # of relative distances, not of frequencies
 # the remaps that read eval.rope_window (streaming_llm's window is eval.lambda_window)
 WINDOWED_REMAPS = ROPE_REMAPS[:-1]
-# train.rope_scaling, static or dynamic
-TRAIN_ROPE_SCALINGS = ("none", "pi", "ntk", "yarn", "llama3")
+# train.rope_scaling: static or dynamic, or LongRoPE's factors
+TRAIN_ROPE_SCALINGS = ("none", "pi", "ntk", "yarn", "llama3", "longrope")
 RANDOMIZED_POSITIONS = ("random", "plain")
 BUDGETS = ("tokens", "flops", "wallclock")  # train.budget
 SCHEDULES = ("none", "skyladder")  # train.length_schedule
@@ -281,6 +283,13 @@ def _check_training_extension(cfg) -> None:
             t.get("pose_span"), f"a span above train.seq_len={t.seq_len}, or null")
     require(t.get("eval_every", 0) >= 0, "train.eval_every", t.get("eval_every"),
             "an integer >= 0 (0: no evaluation during training)")
+    factors = _check_longrope(cfg, "train")
+    if factors is not None:  # LongRoPE fine-tunes at the length its factors were searched for
+        target = t.get("pose_span") or t.seq_len
+        require(factors.length == target, "train.longrope_factors", t.longrope_factors,
+                f"a file whose `length` is the length training reaches, {target} "
+                f"(train.pose_span, else train.seq_len): LongRoPE fine-tunes at the length its "
+                f"factors were searched for; the file holds {factors.length}")
 
 
 def _check_rope_remap(cfg) -> None:
@@ -312,23 +321,24 @@ def _check_rope_remap(cfg) -> None:
                 + ", ".join(remappable))
 
 
-def _check_longrope(cfg) -> None:
-    """eval.longrope_factors, which eval.rope_scaling=longrope needs and nothing else reads; the
-    file's values against the rotary head and the training length are read now, so that a bad
-    file is refused before any work (posbench/encodings/longrope.py)."""
+def _check_longrope(cfg, prefix: str):
+    """eval.longrope_factors (prefix "eval") or train.longrope_factors (prefix "train"), which
+    that node's rope_scaling=longrope needs and nothing else reads; the file's values against the
+    rotary head and the training length are read now, so that a bad file is refused before any
+    work (posbench/encodings/longrope.py). The factors read, or None without longrope."""
     from posbench.encodings.longrope import HOW, run_factors
 
-    path = cfg.eval.get("longrope_factors")  # absent from runs saved before it existed
-    if cfg.eval.rope_scaling != "longrope":
-        require(path is None, "eval.longrope_factors", path,
-                "null unless eval.rope_scaling=longrope")
-        return
-    require(path is not None, "eval.longrope_factors", path,
-            f"the path of a JSON file of LongRoPE factors with eval.rope_scaling=longrope {HOW}")
-    factor = cfg.eval.get("rope_scaling_factor")
-    require(factor is None, "eval.rope_scaling_factor", factor,
+    node, key = cfg[prefix], f"{prefix}.longrope_factors"
+    path = node.get("longrope_factors")  # absent from runs saved before it existed
+    if node.get("rope_scaling", "none") != "longrope":
+        require(path is None, key, path, f"null unless {prefix}.rope_scaling=longrope")
+        return None
+    require(path is not None, key, path, f"the path of a JSON file of LongRoPE factors with "
+            f"{prefix}.rope_scaling=longrope {HOW}")
+    factor = node.get("rope_scaling_factor")
+    require(factor is None, f"{prefix}.rope_scaling_factor", factor,
             "null for longrope (its file holds a factor per pair and the length they fit)")
-    run_factors(cfg)
+    return run_factors(cfg, prefix)
 
 
 def _check_attention(m) -> None:
@@ -584,7 +594,7 @@ def check(cfg: DictConfig) -> None:
              "eval.rope_scaling", cfg.eval.rope_scaling,
              f"'none' for encoding={cfg.encoding.get('name')}, which does not rotate q and k")
     _check_rope_scaling_factor(cfg.eval)
-    _check_longrope(cfg)
+    _check_longrope(cfg, "eval")
     _check_rope_remap(cfg)
     _check_decoupled_rope(cfg)
     positions = cfg.eval.get("randomized_positions", EvalConfig.randomized_positions)

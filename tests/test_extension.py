@@ -1,8 +1,10 @@
 """`posbench extend RUN_DIR`: continued training of a finished run at a longer length, a run of
 its own (posbench/runs/extend.py): its config and defaults, PoSE positions, a curve that starts at
-the parent, its lineage, sweeps, an exact resume, and one-line refusals."""
+the parent, its lineage, sweeps, an exact resume, LongRoPE's fine-tuning with a factors file, and
+one-line refusals."""
 import csv
 import json
+import math
 import sys
 import time
 
@@ -15,6 +17,7 @@ import posbench
 from posbench import evaluations
 from posbench.cli import main
 from posbench.data import prepare
+from posbench.config import check
 from posbench.encodings import Dims
 from posbench.encodings.rope import RoPE, llama3_inv_freq, yarn_inv_freq
 from posbench.core.errors import ConfigError
@@ -25,6 +28,8 @@ TOY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.batch_siz
        "train.seq_len=32", "train.warmup_steps=1", "eval.lengths=[32,64]", "eval.tokens=256",
        "device=cpu"]
 EXTEND = ["train.pose_span=128", "train.steps=4", "train.eval_every=2", "eval.tokens=256"]
+# LongRoPE factors for the toy's 8 rotary pairs (head dimension 16), chosen for 4L = 128
+LAMBDA = [1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0]
 
 
 def posbench_here(*argv):
@@ -45,6 +50,11 @@ def files(folder):
 def curve_rows(run_dir):
     with open(run_dir / "eval_vs_step.csv", newline="") as f:
         return list(csv.DictReader(f))
+
+
+def factors_file(path, factors=LAMBDA, length=128):
+    path.write_text(json.dumps({"factors": factors, "length": length}))
+    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +133,96 @@ def test_llama3_trains_and_extends_counting_from_the_original_length():
     inv_freq, _ = enc.frequencies(128)
     torch.testing.assert_close(inv_freq, llama3_inv_freq(enc.inv_freq, 4.0, 32))
     assert not torch.allclose(inv_freq, llama3_inv_freq(enc.inv_freq, 4.0, 128))
+
+
+def test_longrope_trains_with_its_file_and_evaluates_with_it(tmp_path):
+    path = factors_file(tmp_path / "factors.json")
+    trained = OmegaConf.to_container(posbench.compose(TOY), resolve=True)
+    cfg = posbench.compose(TOY)
+    cfg.train.rope_scaling, cfg.train.longrope_factors = "longrope", path
+    ext = extension_config(cfg, "/runs/parent", trained,
+                           ["train.rope_scaling", "train.longrope_factors"])
+    t = ext.train
+    assert (t.seq_len, t.rope_scaling, t.rope_scaling_factor, t.longrope_factors) == (
+        128, "longrope", None, path)
+    assert (ext.eval.rope_scaling, ext.eval.rope_scaling_factor, ext.eval.longrope_factors) == (
+        "longrope", None, path)
+    check(ext)
+    # its own extension keeps the method but not the file, whose length was this one's
+    again = extension_config(ext, "/runs/ext", OmegaConf.to_container(ext), [])
+    assert (again.train.seq_len, again.train.rope_scaling, again.train.longrope_factors) == (
+        512, "longrope", None)
+    with pytest.raises(ConfigError, match=r"^train.longrope_factors=None is not accepted; "
+                                          r"expected the path of a JSON file"):
+        check(again)
+
+
+def test_a_longrope_extension_turns_at_its_file_s_factors_in_training_and_at_every_length(
+        parent, tmp_path, monkeypatch, capsys):
+    """PoSE windows of L = 32 tokens spanning 128 = the file's length: the factors turn every
+    training window, though none is longer than L, and every evaluated length, L's included."""
+    path = factors_file(tmp_path / "factors.json")
+    calls, frequencies = [], RoPE.frequencies
+
+    def recorded(self, n):
+        inv_freq, factor = frequencies(self, n)
+        calls.append((self.training, n, inv_freq.clone(), factor))
+        return inv_freq, factor
+
+    monkeypatch.setattr(RoPE, "frequencies", recorded)
+    args = ["extend", str(parent), "train.rope_scaling=longrope",
+            f"train.longrope_factors={path}", "train.pose_span=128", "train.steps=2",
+            "train.eval_every=2", f"hydra.run.dir={tmp_path / 'ext'}"]
+    proc = run_in_process(args, monkeypatch, capsys)
+    assert proc.returncode == 0, proc.stderr
+    # the oracle: theta_p = 10^4^(-2p/16) over lambda_p, cos and sin times
+    # sqrt(1 + ln(128/32) / ln 32)
+    want = torch.tensor([1e4 ** (-2 * p / 16) / LAMBDA[p] for p in range(8)], dtype=torch.float64)
+    magnitude = math.sqrt(1 + math.log(128 / 32) / math.log(32))
+    trained = [(n, f, m) for training, n, f, m in calls if training]
+    evaluated = {n for training, n, _, _ in calls if not training}
+    assert trained and {n for n, _, _ in trained} == {32} and evaluated == {32, 64, 128}
+    for _, n, inv_freq, factor in calls:
+        torch.testing.assert_close(inv_freq, want, rtol=1e-14, atol=0)
+        assert factor == pytest.approx(magnitude, rel=1e-12)
+    record = results(tmp_path / "ext")
+    t = record["config"]["train"]
+    assert (t["rope_scaling"], t["longrope_factors"], t["rope_scaling_factor"]) == (
+        "longrope", path, None)
+    assert record["eval"]["rope_scaling"] == "longrope"
+    assert (record["eval"]["longrope"]["factors"], record["eval"]["longrope"]["length"]) == (
+        LAMBDA, 128)
+    # the config results.json records is the command's: run again, it finds the run finished
+    proc = run_in_process(args, monkeypatch, capsys)
+    assert proc.returncode == 0 and "it holds this run, finished" in proc.stdout, proc.stderr
+
+
+def test_longrope_is_refused_in_one_line_with_nothing_written(parent, tmp_path, monkeypatch,
+                                                             capsys):
+    fits = factors_file(tmp_path / "fits.json")
+    seven = factors_file(tmp_path / "seven.json", LAMBDA[:7])
+    before = files(parent)
+    for extra, words in (
+            (["train.rope_scaling=longrope"], "train.longrope_factors=None is not accepted; "
+             "expected the path of a JSON file of LongRoPE factors with "
+             "train.rope_scaling=longrope"),
+            (["train.rope_scaling=longrope", f"train.longrope_factors={seven}"],
+             f"train.longrope_factors='{seven}' is not accepted; expected 8 factors, one per "
+             "rotary pair of the head's 16 dimensions; the file holds 7"),
+            (["train.rope_scaling=longrope", f"train.longrope_factors={fits}",
+              "train.rope_scaling_factor=4"], "train.rope_scaling_factor=4 is not accepted; "
+             "expected null for longrope"),
+            (["train.rope_scaling=longrope", f"train.longrope_factors={fits}",
+              "train.seq_len=256"], f"train.longrope_factors='{fits}' is not accepted; expected "
+             "a file whose `length` is the length training reaches, 256 (train.pose_span, else "
+             "train.seq_len)"),
+            ([f"train.longrope_factors={fits}"], f"train.longrope_factors='{fits}' is not "
+             "accepted; expected null unless train.rope_scaling=longrope")):
+        proc = run_in_process(["extend", str(parent), *extra,
+                               f"hydra.run.dir={tmp_path / 'ext'}"], monkeypatch, capsys)
+        assert proc.returncode == 2 and words in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+    assert files(parent) == before and not (tmp_path / "ext").exists()
 
 
 def test_an_extension_starts_at_its_parent_and_records_its_lineage(parent, sweep):

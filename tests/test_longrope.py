@@ -18,7 +18,7 @@ from posbench.data.windows import share_tokens
 from posbench.encodings import Dims
 from posbench.encodings.longrope import LongRoPE, magnitude
 from posbench.encodings.p_rope import PRoPE
-from posbench.encodings.rope import RoPE, apply_rotary, rope_inv_freq, rope_tables
+from posbench.encodings.rope import RoPE, rope_inv_freq
 from posbench.evaluations.perplexity import plans
 from posbench.runs import longrope_search
 from posbench.runs.longrope_search import (STEP, crossover, initial_factors, key, monotone,
@@ -90,6 +90,20 @@ def test_up_to_the_training_length_longrope_is_plain_rope(tmp_path):
                                                                                  dtype=F64),
                                rtol=1e-15, atol=0)
     assert factor == magnitude(4 * L, L)
+
+
+def test_a_model_trained_with_the_factors_takes_them_at_every_length(tmp_path):
+    """train.rope_scaling=longrope (Dims.train_scaling): at n <= L too, theta_p / lambda_p and
+    the magnitude, as the reference's LongRoPEScaledRotaryEmbedding applies them."""
+    factors = np.linspace(1, 4, D // 2)
+    enc = RoPE(RoPE.Config(name="rope", base=BASE), Dims(1, 1, D, L, 8 * L,
+                                                         train_scaling="longrope"))
+    enc.set_eval_options("longrope", longrope_factors=factors_file(tmp_path, factors.tolist()))
+    want = BASE ** (-np.arange(0, D, 2) / D) / factors
+    for n in (1, L // 2, L, L + 1, 4 * L):
+        inv_freq, factor = enc.frequencies(n)
+        np.testing.assert_allclose(inv_freq.numpy(), want, rtol=1e-14, atol=0)
+        assert factor == pytest.approx(math.sqrt(1 + math.log(4) / math.log(L)), rel=1e-14)
 
 
 def test_pairs_that_do_not_rotate_stay_at_zero():

@@ -106,6 +106,9 @@ class Dims:
     # where training's positions may reach past the sequence: PoSE's train.pose_span,
     # randomized's M; None: 0..T-1
     train_span: Optional[int] = None
+    # train.rope_scaling, the rotary scaling training applied: a model trained with LongRoPE's
+    # factors takes them at every length (posbench/encodings/rope.py: RoPE.frequencies)
+    train_scaling: str = "none"
     # the width of each head's q and k parts the encoding acts on, when not d_model / n_head: MLA's
     # decoupled rotary part (model.decoupled_rope, posbench/attention/decoupled_rope.py)
     rotary_dim: Optional[int] = None

@@ -5,8 +5,8 @@ length extensions of a trained RoPE model (docs/encodings.md#eval-time-options):
   scale s (RoPE.scale), static when eval.rope_scaling_factor is set, the same s at every
   evaluated length as the PI, NTK and YaRN papers evaluate; dynamic when it is null,
   s = max(1, n/L) from each evaluated length n and the training length L; and LongRoPE's one
-  factor per pair, read from eval.longrope_factors and applied past L
-  (posbench/encodings/longrope.py);
+  factor per pair, read from eval.longrope_factors and applied past L, or at every length on a
+  model trained with them (train.longrope_factors; posbench/encodings/longrope.py);
 - of its relative distances (ReRoPE, Self-Extend, ShifTed RoPE, Dual Chunk Attention,
   StreamingLLM's cache positions; REMAPS): keys near the query keep RoPE's logit, the others get
   the logit of a remapped distance. The attention takes both logits from the `remap` hook
@@ -349,7 +349,13 @@ class RoPE(PositionalEncoding):
 
     def frequencies(self, n: int) -> Tuple[torch.Tensor, float]:
         """(theta, table factor) for a sequence of n tokens under eval.rope_scaling at scale
-        self.scale(n); s = 1 leaves RoPE unchanged."""
+        self.scale(n); s = 1 leaves RoPE unchanged. LongRoPE's factors apply past L, or at every
+        length once training applied them (train.rope_scaling=longrope), as its reference's
+        rotary embedding does (posbench/encodings/longrope.py)."""
+        if self.rope_scaling == "longrope":
+            if n > self.dims.scaling_len or self.dims.train_scaling == "longrope":
+                return self.longrope.inv_freq(self.inv_freq), self.longrope.attention_factor
+            return self.inv_freq, 1.0
         s = 1.0 if self.rope_scaling in ("none", *REMAPS) else self.scale(n)
         if s == 1:
             return self.inv_freq, 1.0
@@ -363,8 +369,6 @@ class RoPE(PositionalEncoding):
                                   self.dims.scaling_len), yarn_attention_factor(s))
         if self.rope_scaling == "llama3":
             return llama3_inv_freq(self.inv_freq, s, self.dims.scaling_len), 1.0
-        if self.rope_scaling == "longrope":  # s > 1: past L, the factors are the scale
-            return self.longrope.inv_freq(self.inv_freq), self.longrope.attention_factor
         raise ValueError(f"rope_scaling={self.rope_scaling!r} is not implemented")
 
     def rotate(self, q, k, pos, layer):

@@ -119,7 +119,7 @@ def build_model(cfg: DictConfig, vocab_size: Optional[int] = None):
     dims = Dims(n_layer=m.n_layer, n_head=m.n_head, d_model=m.d_model, train_len=t.seq_len,
                 max_len=max([t.seq_len, t.get("pose_span") or 0, *cfg.eval.lengths]),
                 original_len=t.get("original_len"), train_span=t.get("pose_span"),
-                rotary_dim=rotary_width(m))
+                train_scaling=t.get("rope_scaling", "none"), rotary_dim=rotary_width(m))
     encoding = switched_encoding(build_encoding(cfg, dims), cfg.train, dims)
     return GPT(vocab_size or dataset_vocab(cfg.dataset), m.n_layer, m.n_head, m.d_model,
                m.mlp_ratio, encoding, layer_attention(cfg, encoding))

@@ -12,6 +12,9 @@ the parent's config and the command's overrides into it:
 - train.rope_scaling (none, pi, ntk, yarn, llama3) trains with the static factor s = the longer
   length / train.original_len (the length of the first run of the lineage, which the scalings
   count from), and eval.rope_scaling evaluates with the same, unless the command sets them;
+  train.rope_scaling=longrope trains with the factors of train.longrope_factors (a file for the
+  longer length: LongRoPE's fine-tuning), which the evaluation reads too unless the command sets
+  eval.rope_scaling;
 - train.steps, train.lr, train.warmup_steps, train.eval_every, train.ckpt_every, eval.lengths:
   the defaults below, unless the command sets them.
 Every train.eval_every steps, and before the first, StepCurve scores perplexity at eval.lengths
@@ -68,8 +71,11 @@ def extension_config(cfg: DictConfig, parent: Path, trained: dict,
         scaling = e.get("rope_scaling", "none")
         require(scaling in TRAIN_ROPE_SCALINGS, "train.rope_scaling", scaling,
                 f"one of {TRAIN_ROPE_SCALINGS}")
-        if "train.rope_scaling_factor" not in given:
-            e.rope_scaling_factor = target / original if scaling != "none" else None
+        if "train.rope_scaling_factor" not in given:  # longrope's factors are its file's
+            e.rope_scaling_factor = (target / original if scaling not in ("none", "longrope")
+                                     else None)
+        if "train.longrope_factors" not in given:  # a file fits one length, never the parent's
+            e.longrope_factors = None
         defaults = {"steps": STEPS, "warmup_steps": WARMUP,
                     "lr": p["lr"] * p["min_lr_ratio"]}  # the learning rate the parent ended at
         for key, value in defaults.items():
@@ -83,6 +89,8 @@ def extension_config(cfg: DictConfig, parent: Path, trained: dict,
             out.eval.rope_scaling = scaling
             if "eval.rope_scaling_factor" not in given:
                 out.eval.rope_scaling_factor = e.rope_scaling_factor
+            if "eval.longrope_factors" not in given:
+                out.eval.longrope_factors = e.get("longrope_factors")
         if "eval.lengths" not in given:
             out.eval.lengths = sorted({*trained["eval"]["lengths"], target})
     return out

@@ -135,10 +135,12 @@ def train_step(model, step_fn, optimizer, x, y, lr: float, grad_clip: float,
 
 
 def training_options(t) -> dict:
-    """The encoding options the model trains with: train.rope_scaling and its factor (an
-    extension's, posbench/runs/extend.py), the eval-time defaults otherwise."""
+    """The encoding options the model trains with: train.rope_scaling and its factor or
+    LongRoPE's factors file (an extension's, posbench/runs/extend.py), the eval-time defaults
+    otherwise."""
     return {"rope_scaling": t.get("rope_scaling", "none"),
-            "rope_scaling_factor": t.get("rope_scaling_factor")}
+            "rope_scaling_factor": t.get("rope_scaling_factor"),
+            "longrope_factors": t.get("longrope_factors")}
 
 
 def prepare_training(model, t) -> None:
