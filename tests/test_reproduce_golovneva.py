@@ -162,7 +162,7 @@ def test_the_entry_runs_at_a_toy_scale_through_the_cli(tmp_path):
         "golovneva2024/pe=absolute,cope", "seed=0", "model.n_layer=1", "model.d_model=32",
         "model.n_head=2", "train.steps=2", "train.batch_size=2", "train.warmup_steps=1",
         "train.log_every=1", "train.seq_len=32", "eval.lengths=[16,32]", "eval.tokens=64",
-        f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+        f"hydra.sweep.dir={sweep}", cwd=tmp_path, in_process=True)
     record_ = json.loads((sweep / "reproduction.json").read_text())
     assert set(record_["measured"]) == {"counting_3/learned", "counting_3/cope"}
     assert list(record_["measured"]["counting_3/cope"]) == ["0.5", "1"]

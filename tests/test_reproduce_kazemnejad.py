@@ -165,7 +165,7 @@ def test_the_entry_runs_at_a_toy_scale_through_the_cli(tmp_path):
         "reproduce", "kazemnejad2023", "hydra/launcher=basic", "kazemnejad2023=copy",
         "encoding=nope,rope", "seed=0", "model.n_layer=1", "model.d_model=32", "model.n_head=2",
         "train.steps=3", "train.batch_size=2", "train.warmup_steps=1", "train.log_every=1",
-        "eval.tokens=64", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+        "eval.tokens=64", f"hydra.sweep.dir={sweep}", cwd=tmp_path, in_process=True)
     record = json.loads((sweep / "reproduction.json").read_text())
     assert set(record["measured"]) == {"copy/nope", "copy/rope"}
     # sizes 5..40 of copy over the training size 20

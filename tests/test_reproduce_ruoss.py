@@ -4,7 +4,6 @@ MeanGain claim, re-derived here by hand) judged on numbers written here, runs gr
 row, the experiment composed for every task and row, and the entry's dry run through the CLI."""
 from fractions import Fraction
 
-import pytest
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
@@ -195,7 +194,7 @@ def test_runs_are_grouped_by_task_and_row_at_their_instance_size():
 def test_the_entry_dry_runs_through_the_cli(tmp_path):
     done = posbench_cli("reproduce", "ruoss2023", "dataset=task_even_pairs",
                         "ruoss2023=rope,randomized_rope", "seed=0", "train.steps=10",
-                        "--dry-run", cwd=tmp_path)
+                        "--dry-run", cwd=tmp_path, in_process=True)
     assert "posbench train -m +experiment=ruoss2023" in done.stdout
     for row in ("rope", "randomized_rope"):
         assert f"  dataset-task_even_pairs_ruoss2023-{row}_seed-0: " in done.stdout
