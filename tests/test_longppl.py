@@ -146,7 +146,7 @@ def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("longppl")
     proc = posbench_cli("train", *TOY, "eval.longppl.enabled=true", *KEYS, "hydra.run.dir=judge",
                         "logger=wandb", cwd=root)
-    posbench_cli("train", *TOY, "encoding=alibi", "hydra.run.dir=other", cwd=root)
+    posbench_cli("train", *TOY, "encoding=alibi", "hydra.run.dir=other", cwd=root, in_process=True)
     return root, proc
 
 
@@ -183,7 +183,7 @@ def test_a_report_over_the_runs_tables_longppl_for_the_runs_that_scored_it(train
     folder = tmp_path / "runs"
     for name in ("judge", "other"):
         shutil.copytree(root / name, folder / name, ignore=shutil.ignore_patterns("wandb"))
-    posbench_cli("report", str(folder), cwd=tmp_path)
+    posbench_cli("report", str(folder), cwd=tmp_path, in_process=True)
     summary = (folder / "summary.md").read_text()
     by_length = results(root / "judge")["eval"]["longppl"]["by_length"]
     value = f"{by_length[-1]['longppl']:.3f}"
@@ -233,7 +233,7 @@ def test_an_evaluator_run_chooses_the_key_tokens_for_another(trained, monkeypatc
 
     # through the CLI: a re-score of the ALiBi run with the judge's key tokens
     proc = posbench_cli("eval", "other", "eval.longppl.enabled=true", *KEYS,
-                        "eval.longppl.evaluator=judge", cwd=root)
+                        "eval.longppl.evaluator=judge", cwd=root, in_process=True)
     (path,) = (root / "other").glob("results.eval-*.json")
     rescored = json.loads(path.read_text())["eval"]["longppl"]
     assert rescored["evaluator"] == "judge"
