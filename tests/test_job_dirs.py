@@ -82,7 +82,8 @@ def sweep(tmp_path_factory, toy):
     args = [a for a in toy if not a.startswith("eval.lengths=")]
     proc = posbench_cli("train", "-m", *args, "dataset=text", "dataset.val_fraction=0.2",
                         f"dataset.path={corpora[0]},{corpora[1]}",
-                        "eval.lengths=[32,64],[32,48]", "hydra.sweep.dir=sweep", cwd=root)
+                        "eval.lengths=[32,64],[32,48]", "hydra.sweep.dir=sweep", cwd=root,
+                        in_process=True)
     assert "Traceback" not in proc.stderr and "not available" not in proc.stderr, proc.stderr
     jobs = sorted((p for p in (root / "sweep").iterdir() if p.is_dir()), key=lambda p: p.name)
     return root, corpora, jobs
@@ -111,7 +112,8 @@ def test_a_sweep_started_again_with_its_values_in_another_order_finds_its_jobs(s
     args = [a for a in toy if not a.startswith("eval.lengths=")]
     proc = posbench_cli("train", "-m", *args, "dataset=text", "dataset.val_fraction=0.2",
                         f"dataset.path={corpora[1]},{corpora[0]}",
-                        "eval.lengths=[32,48],[32,64]", "hydra.sweep.dir=sweep", cwd=root)
+                        "eval.lengths=[32,48],[32,64]", "hydra.sweep.dir=sweep", cwd=root,
+                        in_process=True)
     assert proc.stdout.count("skipped") == 4, proc.stdout[-2000:] + proc.stderr[-2000:]
     after = {p.name: (p / "results.json").read_bytes() for p in (root / "sweep").iterdir()
              if p.is_dir()}
@@ -121,7 +123,7 @@ def test_a_sweep_started_again_with_its_values_in_another_order_finds_its_jobs(s
 def evaluated(job, run_dir_arg, cwd):
     """`posbench eval RUN_DIR_ARG` from cwd re-scores the job: a new results file in its dir."""
     before = set(job.glob("results*.json"))
-    posbench_cli("eval", run_dir_arg, "eval.lengths=[48]", cwd=cwd)
+    posbench_cli("eval", run_dir_arg, "eval.lengths=[48]", cwd=cwd, in_process=True)
     assert len(set(job.glob("results*.json")) - before) == 1
 
 
@@ -145,7 +147,7 @@ def test_eval_takes_a_relative_path_to_a_job_dir_named_the_old_way(sweep):
 
 def test_inspect_and_train_started_again_take_a_job_dir(sweep, monkeypatch, capsys):
     _, _, jobs = sweep
-    posbench_cli("inspect", jobs[3].name, cwd=jobs[3].parent)
+    posbench_cli("inspect", jobs[3].name, cwd=jobs[3].parent, in_process=True)
     assert (jobs[3] / "inspect.json").is_file()
     # the job started again by hand in its own dir, with its overrides: nothing left to do
     before = (jobs[3] / "results.json").read_bytes()
