@@ -57,7 +57,7 @@ def test_training_memory_is_within_twice_the_measured_peak(encoding):
 
 def test_dry_run_lists_every_job_with_its_estimate_and_writes_nothing(tmp_path):
     proc = posbench_cli("train", "-m", "encoding=rope,alibi", "train.seq_len=128,1000000",
-                        "device=cpu", "--dry-run", cwd=tmp_path)
+                        "device=cpu", "--dry-run", cwd=tmp_path, in_process=True)
     for job in ("encoding-rope_train.seq_len-128", "encoding-rope_train.seq_len-1000000",
                 "encoding-alibi_train.seq_len-128", "encoding-alibi_train.seq_len-1000000"):
         (line,) = [x for x in proc.stdout.splitlines() if x.startswith(f"  {job}: ")]
@@ -79,7 +79,7 @@ def seconds(text):
 
 def test_dry_run_gives_each_job_and_the_sweep_a_wall_time_measured_on_this_machine(tmp_path):
     proc = posbench_cli("train", "-m", *TINY, "train.steps=1000", "seed=0,1",
-                        "train.batch_size=2,10000000", "--dry-run", cwd=tmp_path)
+                        "train.batch_size=2,10000000", "--dry-run", cwd=tmp_path, in_process=True)
     timed = re.findall(r"^    time: about ([\d.]+ \w+): 1000 steps x ([\d.]+ m?s), a step "
                        r"measured on this machine \(1 thread\), \+ ([\d.]+ m?s) evaluating",
                        proc.stdout, flags=re.M)
@@ -97,7 +97,8 @@ def test_dry_run_gives_each_job_and_the_sweep_a_wall_time_measured_on_this_machi
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_a_dry_run_for_a_gpu_on_a_machine_without_one_says_why_it_has_no_time(tmp_path):
-    proc = posbench_cli("train", *TINY[:-1], "device=cuda", "--dry-run", cwd=tmp_path)
+    proc = posbench_cli("train", *TINY[:-1], "device=cuda", "--dry-run", cwd=tmp_path,
+                        in_process=True)
     assert "  run: " in proc.stdout and "FLOPs training" in proc.stdout
     assert "    time: not measured: no CUDA device is visible on this machine" in proc.stdout
     assert list(tmp_path.iterdir()) == []
