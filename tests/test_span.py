@@ -300,7 +300,7 @@ def test_posbench_eval_scores_a_run_with_the_lambda_mask(tmp_path, toy_run_copy)
     (the default mask is the causal one up to L tokens), another past it, the values in effect
     in results.json; a refusal is one line and writes nothing."""
     run_dir = toy_run_copy
-    posbench_cli("eval", str(run_dir), "eval.attention=lambda", cwd=tmp_path)
+    posbench_cli("eval", str(run_dir), "eval.attention=lambda", cwd=tmp_path, in_process=True)
     old = json.loads((run_dir / "results.json").read_text())
     new = json.loads((run_dir / "results.eval-attention-lambda.json").read_text())
     assert new["eval"]["attention"] == {"kind": "lambda", "sinks": 4, "window": 28}
@@ -311,7 +311,7 @@ def test_posbench_eval_scores_a_run_with_the_lambda_mask(tmp_path, toy_run_copy)
     assert new_past["loss"] != past_l["loss"]
     before = sorted(p.name for p in run_dir.iterdir())
     bad = posbench_cli("eval", str(run_dir), "eval.attention=lambda", "eval.lambda_sinks=-2",
-                       cwd=tmp_path, ok=False)
+                       cwd=tmp_path, ok=False, in_process=True)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert [x for x in bad.stderr.splitlines() if x.startswith("posbench: error:")] == [
         "posbench: error: eval.lambda_sinks=-2 is not accepted; expected an integer >= 0 (0: the "
