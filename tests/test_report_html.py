@@ -80,10 +80,10 @@ def sweep(tmp_path_factory, toy):
     over them."""
     tmp = tmp_path_factory.mktemp("report_html")
     posbench_cli("train", "-m", *toy, *EVALUATIONS, "encoding=rope,alibi", "hydra.sweep.dir=sweep",
-                 cwd=tmp)
+                 cwd=tmp, in_process=True)
     sweep = tmp / "sweep"
     (sweep / "report.html").unlink()  # the multirun's own report wrote one: now the command's
-    proc = posbench_cli("report", "sweep", cwd=tmp)
+    proc = posbench_cli("report", "sweep", cwd=tmp, in_process=True)
     assert "report.html" in proc.stdout
     return sweep
 
