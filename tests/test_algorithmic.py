@@ -248,7 +248,7 @@ def test_train_on_summation_reports_exact_match(tmp_path):
     posbench_cli("train", "dataset=task_sum_mod", "encoding=nope", "model=tiny", "train.steps=5",
                  "train.batch_size=4", "train.seq_len=40", "train.warmup_steps=1",
                  "eval.lengths=[40,80]", "eval.tokens=160", "device=cpu", "hydra.run.dir=run",
-                 cwd=tmp_path)
+                 cwd=tmp_path, in_process=True)
     record = results(tmp_path / "run")
     assert record["dataset"]["name"] == "task_sum_mod"
     curve = record["eval"]["curve"]

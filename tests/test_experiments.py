@@ -57,7 +57,8 @@ def test_ladder_preset_sweeps_the_width_at_the_default_study_setting():
 
 
 def test_quick_multirun_trains_every_core_encoding_and_reports(tmp_path, toy):
-    posbench_cli("train", "-m", "+experiment=quick", *toy, "hydra.sweep.dir=sweep", cwd=tmp_path)
+    posbench_cli("train", "-m", "+experiment=quick", *toy, "hydra.sweep.dir=sweep", cwd=tmp_path,
+                 in_process=True)
     summary = (tmp_path / "sweep" / "summary.md").read_text()
     for name in CORE:
         assert f"| {name} |" in summary

@@ -190,7 +190,7 @@ def test_accuracy_is_exact_match_over_answer_tokens_only():
 
 def test_train_on_a_task_writes_accuracy_curves(tmp_path, toy):
     proc = posbench_cli("train", *toy, "dataset=task_copy", "eval.lengths=[32,64]",
-                        "hydra.run.dir=run", cwd=tmp_path)
+                        "hydra.run.dir=run", cwd=tmp_path, in_process=True)
     run = tmp_path / "run"
     record = results(run)
     assert record["dataset"]["name"] == "task_copy"

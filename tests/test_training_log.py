@@ -17,7 +17,8 @@ def test_metrics_csv_logs_training_and_validation_and_the_run_dir_is_named(tmp_p
     # validation scores, through evaluate() instead
     args = [a for a in toy if not a.startswith(("train.steps=", "eval.tokens="))]
     proc = posbench_cli("train", *args, "train.steps=12", "train.log_every=5",
-                        "train.val_every=4", "eval.tokens=64", "hydra.run.dir=run", cwd=tmp_path)
+                        "train.val_every=4", "eval.tokens=64", "hydra.run.dir=run", cwd=tmp_path,
+                        in_process=True)
     run_dir = tmp_path / "run"
     lines = proc.stdout.splitlines()
     start = lines.index(f"posbench: run dir {run_dir}")
