@@ -248,7 +248,7 @@ def test_a_sweep_goes_on_past_a_failed_job_and_resumes_it_when_started_again(tmp
                                                                              stdlib_data):
     sweep = ["-m", *RUN, "train.steps=20", "train.ckpt_every=1", "eval.lengths=[32]",
              "train.lr=1e-3,1e30", "hydra.sweep.dir=sweep"]
-    proc = posbench_train(sweep, tmp_path, ok=False)
+    proc = posbench_cli("train", *sweep, cwd=tmp_path, ok=False, in_process=True)
     assert proc.returncode == 1 and len(error_lines(proc)) == 1
     jobs = {results(p.parent)["config"]["train"]["lr"]: p.parent
             for p in (tmp_path / "sweep").rglob("results.json")}
@@ -261,7 +261,8 @@ def test_a_sweep_goes_on_past_a_failed_job_and_resumes_it_when_started_again(tmp
     assert "Failed, interrupted or refused runs" in (tmp_path / "sweep" / "summary.md").read_text()
 
     ok_before = files(jobs[1e-3])
-    proc = posbench_train([*sweep, "train.resume=true"], tmp_path, ok=False)  # same job dirs
+    proc = posbench_cli("train", *sweep, "train.resume=true", cwd=tmp_path, ok=False,
+                        in_process=True)  # same job dirs
     assert proc.returncode == 1 and len(error_lines(proc)) == 1
     assert "skipped" in proc.stdout and files(jobs[1e-3]) == ok_before
     again = results(jobs[1e30])
