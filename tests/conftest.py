@@ -44,7 +44,8 @@ def stdlib_data():
 @pytest.fixture(scope="session")
 def toy_run(tmp_path_factory):
     """One finished toy RoPE run (`posbench train` with TOY, nothing else), trained once per test
-    process (in it: helpers.run_in_process), and its stdout. Tests that change a run take a copy: `toy_run_copy`."""
+    process (in it: helpers.run_in_process), and its stdout. Tests that change a run take a copy:
+    `toy_run_copy`."""
     from helpers import posbench_cli
 
     home = tmp_path_factory.mktemp("toy_run")

@@ -2,13 +2,20 @@
 import contextlib
 import copy
 import functools
+import io
 import json
+import logging
 import math
+import os
 from pathlib import Path
 import shutil
+import struct
 import subprocess
 import sys
+import tempfile
+import time
 
+import pytest
 import torch
 
 import posbench
@@ -107,12 +114,6 @@ def run_in_process(argv, monkeypatch=None, capsys=None, cwd=None):
     write (`posbench reproduce` runs `posbench train`). cwd: the folder it runs in, the caller's
     restored after (relative run dirs, conf/). The root logger's handlers are restored after too:
     a run's Hydra points them at the stdout it ran under, which the caller's logs must not reach."""
-    import contextlib
-    import logging
-    import os
-
-    import pytest
-
     root = logging.getLogger()
     handlers, level, here = root.handlers[:], root.level, os.getcwd()
     with contextlib.ExitStack() as stack:
@@ -141,10 +142,6 @@ def _output_in_files():
     """sys.stdout and sys.stderr, and file descriptors 1 and 2 that child processes inherit,
     written to two temporary files, in the order written; the yielded list holds their text once
     the block has ended."""
-    import io
-    import os
-    import tempfile
-
     texts = []
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         files = (out, err)
@@ -177,8 +174,6 @@ def results(run_dir):
 def wandb_records(run_file):
     """The protobuf records of an offline wandb run file (run-*.wandb): a 7-byte W&B header, then
     LevelDB's log format (32 KiB blocks; each chunk: crc32, length, type FULL/FIRST/MIDDLE/LAST)."""
-    import struct
-
     from wandb.proto import wandb_internal_pb2
 
     data, block, pos, parts = Path(run_file).read_bytes(), 32768, 7, []
@@ -203,8 +198,6 @@ def wandb_records(run_file):
 def finished_wandb_records(run_file, timeout=30):
     """The records of an offline run file once its exit record is in: wandb's service process
     may still be writing the file's tail when run.finish() returns."""
-    import time
-
     deadline = time.monotonic() + timeout
     while True:
         records = list(wandb_records(run_file))
@@ -256,8 +249,6 @@ def plane_rotations(d, planes, positions):
     """The float64 d x d rotation M(t) of each position t (a 1-D sequence): in each plane
     (a, b, omega), x_a' = x_a cos(t omega) - x_b sin(t omega) and x_b' = x_a sin + x_b cos; the
     identity elsewhere. Stacked (T, d, d): the oracle of the rotary encodings' tests."""
-    import math
-
     mats = []
     for t in [float(t) for t in positions]:
         m = torch.eye(d, dtype=torch.float64)
