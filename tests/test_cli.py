@@ -176,8 +176,8 @@ def test_typos_in_eval_are_one_line_with_a_did_you_mean(tmp_path, toy_run_copy, 
             ("eval.lenghts=[128]", "eval.lenghts is not a config key (did you mean 'lengths'?); "
              "expected one of: lengths, tokens, protocol, stride, batch_tokens, rope_scaling, "
              "rope_scaling_factor, rope_window, rope_shift, rope_chunk, longrope_factors, "
-             "temperature, randomized_positions, attention, lambda_sinks, lambda_window, ppl_tolerance, "
-             "longppl, retrieval, ruler"),
+             "temperature, randomized_positions, attention, lambda_sinks, lambda_window, "
+             "ppl_tolerance, longppl, retrieval, ruler"),
             ("eval.retrieval.enabeld=true", "eval.retrieval.enabeld is not a config key (did you "
              "mean 'enabled'?); expected one of: enabled, lengths, depths, key_tokens, keys, "
              "trials, seed, metric, threshold"),
