@@ -122,6 +122,7 @@ def test_a_gap_inside_the_band_is_a_tie():
     assert found["drope_best"] == REPRODUCED  # best or tied: a tie holds
     detail = ENTRY.claims[-1].judge(table(band=0.05))[1]
     assert f"band ±{0.05 + math.hypot(0.05, 0.05):.3f}" in detail
+    assert detail.startswith("recall at 2L: ")  # the entry's score, named
 
 
 def test_a_row_that_did_not_learn_a_task_at_L_is_not_comparable():

@@ -292,14 +292,15 @@ class AccuracyIn(Claim):
     most: Optional[float] = None
     learned: Optional[float] = 0.95
     unit: str = field(default="accuracy", kw_only=True)
+    score: str = field(default="exact match", kw_only=True)  # the score's name in the verdict
 
     def judge(self, m: Measured) -> Tuple[str, str]:
         if self.learned is not None:
             unlearned = [f"{g} {m.values[g][1.0]:.3f}" for g in m.present(self.groups)
                          if m.values[g].get(1.0, 0.0) < self.learned]
             if unlearned:
-                return NOT_COMPARABLE, (f"not learned at L (exact match under {self.learned:g}):"
-                                        f" {', '.join(unlearned)}")
+                return NOT_COMPARABLE, (f"not learned at L ({self.score} under "
+                                        f"{self.learned:g}): {', '.join(unlearned)}")
         points = [(g, x, m.values[g][x]) for g in m.present(self.groups)
                   for x in sorted(m.values[g]) if self.low - 1e-9 <= x <= self.high + 1e-9]
         if not points:
@@ -319,9 +320,10 @@ class AccuracyIn(Claim):
 
 @dataclass(frozen=True)
 class AheadAt(Claim):
-    """In each of `tasks`, `task/group`'s exact match at x = `at` is above the best of its
-    `rivals` (`task/<rival>`) by more than the band: `tolerance` (accuracy points) plus the two
-    groups' seed bands (Measured.spread) combined in quadrature. tie: the claim is "best or
+    """In each of `tasks`, `task/group`'s score (exact match unless `score` names another) at
+    x = `at` is above the best of its `rivals` (`task/<rival>`) by more than the band:
+    `tolerance` (accuracy points) plus the two groups' seed bands (Measured.spread) combined in
+    quadrature. tie: the claim is "best or
     tied-best", so a gap inside the band holds too.
 
     A score past L says nothing about length for a model that cannot do the task at L: a task
@@ -336,6 +338,7 @@ class AheadAt(Claim):
     tie: bool = False
     learned: Optional[float] = 0.5
     unit: str = field(default="accuracy", kw_only=True)
+    score: str = field(default="exact match", kw_only=True)  # the score's name in the verdict
 
     def judge(self, m: Measured) -> Tuple[str, str]:
         parts, ahead, behind, open_ = [], 0, 0, 0
@@ -376,7 +379,7 @@ class AheadAt(Claim):
                                     open_ + (outcome == "tie"))
             parts.append(f"{task}: {self.group} {row[self.at]:.3f} against {best} "
                          f"{scores[best]:.3f} ({gap:+.3f}, band ±{band:.3f}){said}{notes}")
-        return tallied(ahead, behind, open_), (f"exact match at {x_text(self.at)}: "
+        return tallied(ahead, behind, open_), (f"{self.score} at {x_text(self.at)}: "
                                                + "; ".join(parts))
 
 
