@@ -222,6 +222,14 @@ def remap_for(rope_scaling: str, train_len: int, window: Optional[int] = None,
                  None, train_len)
 
 
+def eval_remap(eval_cfg, train_len: int) -> Remap:
+    """remap_for with the eval config's rope_scaling and its remap keys (absent from runs saved
+    before them: their defaults)."""
+    return remap_for(eval_cfg.rope_scaling, train_len, eval_cfg.get("rope_window"),
+                     eval_cfg.get("rope_shift"), eval_cfg.get("rope_scaling_factor"),
+                     eval_cfg.get("rope_chunk"))
+
+
 def remap_record(eval_cfg, train_len: int) -> Optional[dict]:
     """The remap in effect for results.json, defaults filled in: near (lags below it keep RoPE's
     logit; StreamingLLM's: the lambda window, whose keys keep it), window, shift and factor
@@ -229,9 +237,7 @@ def remap_record(eval_cfg, train_len: int) -> Optional[dict]:
     remap."""
     if eval_cfg.rope_scaling not in REMAPS:
         return None
-    remap = remap_for(eval_cfg.rope_scaling, train_len, eval_cfg.get("rope_window"),
-                      eval_cfg.get("rope_shift"), eval_cfg.get("rope_scaling_factor"),
-                      eval_cfg.get("rope_chunk"))
+    remap = eval_remap(eval_cfg, train_len)
     record = {"near": remap.near, "window": remap.window, "shift": remap.shift,
               "factor": remap.factor}
     if remap.name == "dca":
@@ -245,9 +251,7 @@ def remap_record(eval_cfg, train_len: int) -> Optional[dict]:
 def check_remap(eval_cfg, train_len: int) -> None:
     """Refuses, in one line, remap values that do not fit the training length L (the encoding's
     check: it knows L)."""
-    remap = remap_for(eval_cfg.rope_scaling, train_len, eval_cfg.get("rope_window"),
-                      eval_cfg.get("rope_shift"), eval_cfg.get("rope_scaling_factor"),
-                      eval_cfg.get("rope_chunk"))
+    remap = eval_remap(eval_cfg, train_len)
     key = "eval.rope_window"
     if remap.name == "rerope":
         require(remap.window <= train_len, key, remap.window,
@@ -271,13 +275,14 @@ def check_remap(eval_cfg, train_len: int) -> None:
             # its chunks hold s - w tokens; the refusal names the value the command set (the
             # defaults always fit)
             if eval_cfg.get("rope_window") is None:
-                require(remap.window < remap.chunk, "eval.rope_chunk", remap.chunk,
-                        f"a chunk size above DCA's local window {remap.window} (eval.rope_window, "
-                        f"null: 1/8 of train.seq_len={train_len})")
+                named, value, want = "eval.rope_chunk", remap.chunk, (
+                    f"a chunk size above DCA's local window {remap.window} (eval.rope_window, "
+                    f"null: 1/8 of train.seq_len={train_len})")
             else:
-                require(remap.window < remap.chunk, key, remap.window,
-                        f"a local window below DCA's chunk size {remap.chunk} (eval.rope_chunk, "
-                        f"null: 3/4 of train.seq_len={train_len})")
+                named, value, want = key, remap.window, (
+                    f"a local window below DCA's chunk size {remap.chunk} (eval.rope_chunk, "
+                    f"null: 3/4 of train.seq_len={train_len})")
+            require(remap.window < remap.chunk, named, value, want)
         else:
             require(eval_cfg.get("attention", "global") == "lambda", "eval.rope_scaling",
                     "streaming_llm", "it with eval.attention=lambda (it gives the lambda mask's "

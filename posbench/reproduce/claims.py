@@ -323,8 +323,7 @@ class AheadAt(Claim):
     """In each of `tasks`, `task/group`'s score (exact match unless `score` names another) at
     x = `at` is above the best of its `rivals` (`task/<rival>`) by more than the band:
     `tolerance` (accuracy points) plus the two groups' seed bands (Measured.spread) combined in
-    quadrature. tie: the claim is "best or
-    tied-best", so a gap inside the band holds too.
+    quadrature. tie: the claim is "best or tied-best", so a gap inside the band holds too.
 
     A score past L says nothing about length for a model that cannot do the task at L: a task
     where the group's exact match at x = 1 is under `learned` is not comparable, and a rival
