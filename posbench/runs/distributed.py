@@ -4,6 +4,7 @@ DistributedDataParallel averages the gradients, so N processes compute what one 
 with the whole batch. Rank 0 alone writes files, logs and evaluates."""
 from __future__ import annotations
 
+import atexit
 import os
 from datetime import timedelta
 
@@ -35,6 +36,10 @@ def setup(device: torch.device) -> torch.device:
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=TIMEOUT)
+        # left to the interpreter's exit, the group's threads are torn down unjoined and a rank
+        # that finishes first (one that does not evaluate) can abort: "terminate called without
+        # an active exception", SIGABRT, and torchrun stops rank 0 with it
+        atexit.register(dist.destroy_process_group)
     return device
 
 
