@@ -39,8 +39,14 @@ def setup(device: torch.device) -> torch.device:
         # left to the interpreter's exit, the group's threads are torn down unjoined and a rank
         # that finishes first (one that does not evaluate) can abort: "terminate called without
         # an active exception", SIGABRT, and torchrun stops rank 0 with it
-        atexit.register(dist.destroy_process_group)
+        atexit.register(leave)
     return device
+
+
+def leave() -> None:
+    """Destroys this rank's process group, where it is still there."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def wrap(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
