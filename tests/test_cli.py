@@ -38,9 +38,11 @@ def test_train_writes_every_output(tmp_path, toy):
     assert "length" in proc.stdout and "ppl" in proc.stdout  # the closing table
 
 
-def test_multirun_with_seeds_wandb_and_report(tmp_path, toy):
-    posbench_cli("train", "-m", *toy, "encoding=nope,alibi", "seed=0,1", "logger=wandb",
-                 "hydra.sweep.dir=sweep", cwd=tmp_path)
+def test_parallel_multirun_with_seeds_wandb_and_report(tmp_path, toy):
+    """Two jobs at a time in joblib's processes, each its own wandb run."""
+    posbench_cli("train", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *toy,
+                 "encoding=nope,alibi", "seed=0,1", "logger=wandb", "hydra.sweep.dir=sweep",
+                 cwd=tmp_path)
     sweep = tmp_path / "sweep"
     jobs = sorted(p.parent for p in sweep.rglob("results.json"))
     assert len(jobs) == 4

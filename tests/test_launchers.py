@@ -1,9 +1,9 @@
-"""Sweeps in parallel (joblib) and on clusters (SLURM through submitit: config only here)."""
+"""Sweeps on clusters (SLURM through submitit: config only here); joblib's parallel sweep runs in
+test_cli.py's multirun."""
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 
 import posbench  # noqa: F401 - registers the schema and encodings
-from helpers import posbench_cli, results
 
 
 def hydra_cfg(overrides):
@@ -22,11 +22,3 @@ def test_slurm_preset_is_a_ready_submitit_config():
 def test_plain_submitit_slurm_composes():
     launcher = hydra_cfg(["hydra/launcher=submitit_slurm"]).launcher
     assert launcher._target_.endswith("SlurmLauncher")
-
-
-def test_joblib_runs_sweep_jobs_in_parallel_processes(tmp_path, toy):
-    posbench_cli("train", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *toy,
-                 "encoding=nope,alibi", "hydra.sweep.dir=sweep", cwd=tmp_path)
-    records = [results(p.parent) for p in (tmp_path / "sweep").rglob("results.json")]
-    assert sorted(r["encoding"] for r in records) == ["alibi", "nope"]
-    assert (tmp_path / "sweep" / "summary.md").is_file()
