@@ -1,7 +1,10 @@
 """Experiment presets (conf/experiment/, Hydra's `# @package _global_` pattern): what they set, and
-that `-m +experiment=quick` sweeps the core encodings."""
+that `-m +experiment=quick` sweeps the core encodings, and the rows of the encodings_2025 study."""
 import math
+from pathlib import Path
 
+import pytest
+import torch
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 
@@ -62,3 +65,45 @@ def test_quick_multirun_trains_every_core_encoding_and_reports(tmp_path, toy):
     summary = (tmp_path / "sweep" / "summary.md").read_text()
     for name in CORE:
         assert f"| {name} |" in summary
+
+
+# +experiment=encodings_2025: each row and what it must compose into (encoding keys, model knobs)
+ROWS_2025 = {
+    "rope": ({"name": "rope"}, {}), "alibi": ({"name": "alibi", "heads": None}, {}),
+    "nope": ({"name": "nope"}, {}), "hope": ({"name": "hope"}, {}),
+    "clipped_rope": ({"name": "clipped_rope"}, {}), "rope_id": ({"name": "rope_id"}, {}),
+    "neox_partial": ({"name": "p_rope", "p": 0.25, "variant": "partial"}, {}),
+    "p_rope_reversed": ({"name": "p_rope", "p": 0.75, "variant": "reversed"}, {}),
+    "fope": ({"name": "fope"}, {}), "selective_rope": ({"name": "selective_rope"}, {}),
+    "dape": ({"name": "dape"}, {}), "dape_v2": ({"name": "dape_v2"}, {}),
+    "rope_gated": ({"name": "rope"}, {"attn_gate": "elementwise"}),
+    "rope_sinks": ({"name": "rope"}, {"attn_sinks": True}),
+    "rope_mla": ({"name": "rope"}, {"decoupled_rope": True}),
+    "alibi_half": ({"name": "alibi", "heads": 2}, {}),
+}
+KNOBS_OFF = {"attn_gate": "none", "attn_sinks": False, "decoupled_rope": False}
+
+
+def test_encodings_2025_sweeps_every_row_file_at_the_default_study_setting():
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="posbench.conf", version_base=None):
+        cfg = compose(config_name="config", overrides=["+experiment=encodings_2025"],
+                      return_hydra_config=True)
+    params = cfg.hydra.sweeper.params
+    rows = params["+encodings_2025"].split(",")
+    files = Path(posbench.__file__).parent / "conf" / "encodings_2025"
+    assert sorted(rows) == sorted(p.stem for p in files.glob("*.yaml")) == sorted(ROWS_2025)
+    assert params.seed == "0,1,2"
+    default = posbench.compose([])
+    for key in ("model", "dataset", "train", "eval"):  # the default study's budget and lengths
+        assert posbench.compose(["+experiment=encodings_2025"])[key] == default[key]
+
+
+@pytest.mark.parametrize("row", list(ROWS_2025))
+def test_each_encodings_2025_row_is_its_encoding_with_only_its_knob(row):
+    cfg = posbench.compose(["+experiment=encodings_2025", f"+encodings_2025={row}"])
+    encoding, knobs = ROWS_2025[row]
+    assert {k: cfg.encoding.get(k) for k in encoding} == encoding
+    assert {k: cfg.model[k] for k in KNOBS_OFF} == {**KNOBS_OFF, **knobs}
+    model = posbench.build_model(cfg, 256)  # the row passes its checks and builds
+    assert model(torch.zeros(1, 8, dtype=torch.long)).shape[-1] == 256
