@@ -2,6 +2,7 @@
 
     python scripts/bench.py --device cpu --encodings rope,alibi,t5 --json out.json
     python scripts/bench.py --eval-only --no-peers --encodings all --eval-lengths 1024,16384
+    python scripts/bench.py --eval-only --no-peers --encodings rope,rope+model.attn_sinks=true
 
 Per encoding: training tokens/s and median step time (AdamW step included), peak training memory,
 eval time, tokens/s and peak memory per length (one window of each length, batch 1). Next to
@@ -36,7 +37,7 @@ import statistics
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -146,14 +147,22 @@ class BaselineGPT(nn.Module):
 class Contender:
     impl: str      # posbench | x-transformers | baseline
     encoding: str  # posbench's name; the baseline's is one of BASELINE_ENCODINGS
+    # posbench's model or encoding options beside its defaults (an architecture knob)
+    overrides: Tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
-        return f"{self.impl}:{self.encoding}"
+        return "+".join((f"{self.impl}:{self.encoding}", *self.overrides))
+
+    @classmethod
+    def of(cls, spec: str) -> "Contender":
+        """posbench's contender from --encodings' `NAME` or `NAME+KEY=VALUE+...`."""
+        encoding, *overrides = spec.split("+")
+        return cls("posbench", encoding, tuple(overrides))
 
 
 def contenders(encodings: List[str], peers: bool) -> List[Contender]:
-    out = [Contender("posbench", e) for e in encodings]
+    out = [Contender.of(e) for e in encodings]
     if peers:
         out += [Contender("x-transformers", e) for e in encodings if e in XT_FLAGS]
         out += [Contender("baseline", e) for e in BASELINE_ENCODINGS
@@ -170,7 +179,7 @@ def flags(c: Contender, args) -> str:
     elif c.impl == "baseline":
         out = "SDPA is_causal" if c.encoding in ("nope", "rope") else "SDPA float mask"
     else:
-        out = "defaults"
+        out = ", ".join(c.overrides) or "defaults"
     return out + (", compiled" if args.compile else ", eager")
 
 
@@ -212,7 +221,8 @@ def build(c: Contender, args, max_len: int) -> nn.Module:
     n_layer, n_head, d_model = shape(args)
     if c.impl == "posbench":
         cfg = posbench.compose([f"model={args.model}", f"encoding={c.encoding}",
-                                f"train.seq_len={args.seq_len}", f"eval.lengths=[{max_len}]"])
+                                f"train.seq_len={args.seq_len}", f"eval.lengths=[{max_len}]",
+                                *c.overrides])
         return posbench.build_model(cfg, VOCAB)
     if c.impl == "baseline":
         return BaselineGPT(n_layer, n_head, d_model, c.encoding)
@@ -502,7 +512,7 @@ def print_speed(cs: List[Contender], speed: dict, mem: dict, args) -> None:
                 f"{100 * s['of_peak']:6.1f}%")
         if args.device == "cuda":
             line += f"  {100 * s['mfu']:4.1f}%" if "mfu" in s else "      -"
-        if c.impl == "posbench":
+        if c.impl == "posbench" and not c.overrides:  # a knob has no peer of its own
             for peer, width in ((Contender("x-transformers", c.encoding), 17),
                                 (Contender("baseline", c.encoding), 18),
                                 (Contender("baseline", "nope"), 16)):
@@ -526,7 +536,9 @@ def machine() -> dict:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--encodings", default="rope,alibi,t5", help="comma-separated, or all")
+    p.add_argument("--encodings", default="rope,alibi,t5",
+                   help="comma-separated, or all; NAME+KEY=VALUE adds posbench options to one "
+                        "(rope+model.attn_gate=elementwise)")
     p.add_argument("--model", default="tiny", help="a posbench model preset")
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=32)
@@ -571,7 +583,8 @@ def main(argv=None):
     if args.json:
         record = {"machine": info, "args": vars(args),
                   "train_matmul_flops": speed.get("matmul_flops"), "contenders": [
-            {"impl": c.impl, "encoding": c.encoding, "flags": flags(c, args), "train": speed.get(c),
+            {"impl": c.impl, "encoding": c.encoding, "overrides": list(c.overrides),
+             "flags": flags(c, args), "train": speed.get(c),
              "train_memory": mem.get((c, "train", args.seq_len)),
              "eval": [{"length": n, **mem[(c, "eval", n)]} for n in args.eval_lengths
                       if (c, "eval", n) in mem]} for c in cs]}

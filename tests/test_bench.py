@@ -85,6 +85,24 @@ def test_eval_only_measures_every_length_in_one_process(bench, tmp_path):
         assert e["peak_mb"] >= e["start_mb"] > 0 and e["vs_rope"] > 0
 
 
+def test_a_knob_is_posbench_with_its_options_timed_beside_plain_rope(bench, tmp_path):
+    args = bench.argparse.Namespace(model="tiny", seq_len=32)
+    knob = bench.Contender.of("rope+model.attn_sinks=true+model.qk_norm=true")
+    assert knob == bench.Contender("posbench", "rope", ("model.attn_sinks=true",
+                                                        "model.qk_norm=true"))
+    names = {n for n, _ in bench.build(knob, args, 64).named_parameters()}
+    assert any(n.endswith("sinks") for n in names) and any("q_norm" in n for n in names)
+    assert not any(n.endswith("sinks") for n, _ in bench.build(
+        bench.Contender.of("rope"), args, 64).named_parameters())
+    out = tmp_path / "bench.json"
+    bench.main(["--device", "cpu", "--encodings", "rope+model.attn_sinks=true", "--no-peers",
+                "--eval-only", "--eval-lengths", "48", "--eval-repeats", "1", "--threads", "1",
+                "--json", str(out)])
+    (row,) = json.loads(out.read_text())["contenders"]
+    assert (row["encoding"], row["overrides"]) == ("rope", ["model.attn_sinks=true"])
+    assert row["flags"] == "model.attn_sinks=true, eager" and row["eval"][0]["vs_rope"] > 0
+
+
 def test_an_eval_case_is_timed_beside_rope(bench):
     """Its window again right after RoPE's on the same window: the median of the pairs' ratios,
     and FLOP/s from the median time against the matmul peak measured in between."""
