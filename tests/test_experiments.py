@@ -15,12 +15,16 @@ from helpers import posbench_cli
 CORE = ["nope", "sinusoidal", "learned", "rope", "alibi", "t5"]
 
 
-def swept_encodings(experiment):
+def with_hydra(experiment):
+    """The experiment's config with Hydra's own, whose sweeper params list what it sweeps."""
     GlobalHydra.instance().clear()
     with initialize_config_module(config_module="posbench.conf", version_base=None):
-        cfg = compose(config_name="config", overrides=[f"+experiment={experiment}"],
-                      return_hydra_config=True)
-    return cfg.hydra.sweeper.params.encoding.split(",")
+        return compose(config_name="config", overrides=[f"+experiment={experiment}"],
+                       return_hydra_config=True)
+
+
+def swept_encodings(experiment):
+    return with_hydra(experiment).hydra.sweeper.params.encoding.split(",")
 
 
 def test_quick_preset_is_a_small_cpu_study_of_the_core_encodings():
@@ -45,10 +49,7 @@ def test_alibi_table2_preset_is_the_papers_setting():
 
 
 def test_ladder_preset_sweeps_the_width_at_the_default_study_setting():
-    GlobalHydra.instance().clear()
-    with initialize_config_module(config_module="posbench.conf", version_base=None):
-        cfg = compose(config_name="config", overrides=["+experiment=ladder"],
-                      return_hydra_config=True)
+    cfg = with_hydra("ladder")
     params = cfg.hydra.sweeper.params
     assert params.encoding.split(",") == ["nope", "rope", "t5", "alibi"]
     widths = [int(w) for w in params["model.d_model"].split(",")]
@@ -85,11 +86,7 @@ KNOBS_OFF = {"attn_gate": "none", "attn_sinks": False, "decoupled_rope": False}
 
 
 def test_encodings_2025_sweeps_every_row_file_at_the_default_study_setting():
-    GlobalHydra.instance().clear()
-    with initialize_config_module(config_module="posbench.conf", version_base=None):
-        cfg = compose(config_name="config", overrides=["+experiment=encodings_2025"],
-                      return_hydra_config=True)
-    params = cfg.hydra.sweeper.params
+    params = with_hydra("encodings_2025").hydra.sweeper.params
     rows = params["+encodings_2025"].split(",")
     files = Path(posbench.__file__).parent / "conf" / "encodings_2025"
     assert sorted(rows) == sorted(p.stem for p in files.glob("*.yaml")) == sorted(ROWS_2025)
