@@ -91,9 +91,9 @@ def test_encodings_2025_sweeps_every_row_file_at_the_default_study_setting():
     files = Path(posbench.__file__).parent / "conf" / "encodings_2025"
     assert sorted(rows) == sorted(p.stem for p in files.glob("*.yaml")) == sorted(ROWS_2025)
     assert params.seed == "0,1,2"
-    default = posbench.compose([])
+    default, study = posbench.compose([]), posbench.compose(["+experiment=encodings_2025"])
     for key in ("model", "dataset", "train", "eval"):  # the default study's budget and lengths
-        assert posbench.compose(["+experiment=encodings_2025"])[key] == default[key]
+        assert study[key] == default[key]
 
 
 @pytest.mark.parametrize("row", list(ROWS_2025))
