@@ -280,11 +280,15 @@ def train_speed(cs: List[Contender], args, device: torch.device) -> dict:
     data = torch.randint(0, VOCAB, (args.batch_size, args.seq_len + 1), generator=g).to(device)
     x, y = data[:, :-1], data[:, 1:]
     trainers = {c: Trainer(c, args, device) for c in cs}
-    for t in trainers.values():  # warm-up: allocator, thread pools, compilation
+    for c, t in trainers.items():  # warm-up: allocator, thread pools, compilation
+        start = time.perf_counter()
         for _ in range(args.warmup):
             t.step(x, y)
+        sync(device)
+        print(f"  {c.label:24s} warm-up: {args.warmup} steps in "
+              f"{time.perf_counter() - start:.1f} s", flush=True)
     times, peaks = {c: [] for c in cs}, []
-    for _ in range(args.repeats):
+    for r in range(args.repeats):
         for c, t in trainers.items():
             sync(device)
             start = time.perf_counter()
@@ -293,6 +297,9 @@ def train_speed(cs: List[Contender], args, device: torch.device) -> dict:
             sync(device)
             times[c].append((time.perf_counter() - start) / args.steps)
         peaks.append(matmul_flops(device))
+        # a line per repeat, so that a run cut short still tells what it measured
+        print(f"  repeat {r + 1}/{args.repeats}, ms per step: " + ", ".join(
+            f"{c.label} {1e3 * times[c][-1]:.1f}" for c in cs), flush=True)
     peak, spec = statistics.median(peaks), bf16_peak(device)
     out = {"matmul_flops": peak, "matmul_flops_all": peaks}
     for c, t in trainers.items():
