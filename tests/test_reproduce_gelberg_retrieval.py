@@ -4,6 +4,7 @@ scalings, RoPE's runs re-scored) that composes into its training and scoring, ru
 their results.json records and the declared re-scores, every claim judged on the paper's numbers,
 on numbers that break it and on rows that did not learn a task at L, and the entry run at a toy
 scale through the CLI: trained rows trained, the scalings re-scored, both skipped when run again."""
+import dataclasses
 import json
 import math
 import shutil
@@ -44,7 +45,7 @@ def table(at_l=1.0, band=0.0, **rows):
         for task, value in zip(TASKS, far):
             values[task_group(task, row)] = {1.0: near, 2.0: value}
     spread = {g: {x: band for x in row} for g, row in values.items()}
-    return Measured(values, at_paper_scale=False, spread=spread)
+    return Measured(values, at_paper_scale=False, spread=spread, score="recall")
 
 
 def verdicts(measured):
@@ -122,7 +123,9 @@ def test_a_gap_inside_the_band_is_a_tie():
     assert found["drope_best"] == REPRODUCED  # best or tied: a tie holds
     detail = ENTRY.claims[-1].judge(table(band=0.05))[1]
     assert f"band ±{0.05 + math.hypot(0.05, 0.05):.3f}" in detail
-    assert detail.startswith("recall at 2L: ")  # the entry's score, named
+    assert detail.startswith("recall at 2L: ")  # the measure's score, named
+    assert ENTRY.claims[-1].judge(dataclasses.replace(table(band=0.05), score="exact match"))[
+        1].startswith("exact match at 2L: ")
 
 
 def test_a_row_that_did_not_learn_a_task_at_L_is_not_comparable():
@@ -163,6 +166,7 @@ def test_runs_are_measured_by_row_task_and_length_from_their_ruler_records():
             record("rope", 0, {t: (0.9, 0.1) for t in TASKS}, scaling="ntk"),
             record("alibi", 0, {"niah_multiquery": (1.0, 0.66)})]
     measured = ENTRY.measure(runs)
+    assert measured.score == ENTRY.paper_measured().score == "recall"  # RULER's string_match_all
     assert measured.values[task_group("niah_multikey_1", "drope")] == \
         pytest.approx({1.0: 0.85, 2.0: 0.1})
     # two seeds: the 95% t-interval of their mean, t(1) x sd / sqrt(2)

@@ -288,7 +288,7 @@ def ruler_scores(records: List[dict], row_of, tasks: Tuple[str, ...], score: str
             values[group][x] = mean
             spread[group][x] = t95(n - 1) * sd / math.sqrt(n) if n > 1 else 0.0
     return Measured(dict(values), at_paper_scale=at_paper_scale, spread=dict(spread),
-                    runs=dict(runs))
+                    runs=dict(runs), score=score.replace("_", " "))
 
 
 _REGISTRY = Registry(Reproduction)

@@ -34,12 +34,14 @@ class Measured:
     or an entry that runs at it), so that absolute values may be compared. spread: group -> x ->
     the 95% half-width of the mean over seeds (t-interval; 0 for one seed), where known. runs:
     group -> its results.json records, and lengths: group -> x -> the evaluated length it is,
-    for paired comparisons (compare)."""
+    for paired comparisons (compare). score: what an accuracy claim's values are, named in its
+    verdict."""
     values: Dict[str, Dict[float, float]]
     at_paper_scale: bool
     spread: Dict[str, Dict[float, float]] = field(default_factory=dict)
     runs: Dict[str, List[dict]] = field(default_factory=dict)
     lengths: Dict[str, Dict[float, int]] = field(default_factory=dict)
+    score: str = "exact match"
 
     def compare(self, a: str, b: str, x: float) -> Optional[Paired]:
         """Group a against group b at x on the same windows and seeds; None where they were not
@@ -292,14 +294,13 @@ class AccuracyIn(Claim):
     most: Optional[float] = None
     learned: Optional[float] = 0.95
     unit: str = field(default="accuracy", kw_only=True)
-    score: str = field(default="exact match", kw_only=True)  # the score's name in the verdict
 
     def judge(self, m: Measured) -> Tuple[str, str]:
         if self.learned is not None:
             unlearned = [f"{g} {m.values[g][1.0]:.3f}" for g in m.present(self.groups)
                          if m.values[g].get(1.0, 0.0) < self.learned]
             if unlearned:
-                return NOT_COMPARABLE, (f"not learned at L ({self.score} under "
+                return NOT_COMPARABLE, (f"not learned at L ({m.score} under "
                                         f"{self.learned:g}): {', '.join(unlearned)}")
         points = [(g, x, m.values[g][x]) for g in m.present(self.groups)
                   for x in sorted(m.values[g]) if self.low - 1e-9 <= x <= self.high + 1e-9]
@@ -320,13 +321,12 @@ class AccuracyIn(Claim):
 
 @dataclass(frozen=True)
 class AheadAt(Claim):
-    """In each of `tasks`, `task/group`'s score (exact match unless `score` names another) at
-    x = `at` is above the best of its `rivals` (`task/<rival>`) by more than the band:
-    `tolerance` (accuracy points) plus the two groups' seed bands (Measured.spread) combined in
-    quadrature. tie: the claim is "best or tied-best", so a gap inside the band holds too.
+    """In each of `tasks`, `task/group`'s score (Measured.score) at x = `at` is above the best
+    of its `rivals` (`task/<rival>`) by more than the band: `tolerance` (accuracy points) plus
+    the two groups' seed bands (Measured.spread) combined in quadrature. tie: the claim is "best or tied-best", so a gap inside the band holds too.
 
     A score past L says nothing about length for a model that cannot do the task at L: a task
-    where the group's exact match at x = 1 is under `learned` is not comparable, and a rival
+    where the group's score at x = 1 is under `learned` is not comparable, and a rival
     under it is left out and named (a task with no rival left is not comparable). Verdict over
     the tasks: any task behind beyond its band is not reproduced; else any task not comparable,
     or inside its band without `tie`, leaves the claim not comparable; else reproduced."""
@@ -337,7 +337,6 @@ class AheadAt(Claim):
     tie: bool = False
     learned: Optional[float] = 0.5
     unit: str = field(default="accuracy", kw_only=True)
-    score: str = field(default="exact match", kw_only=True)  # the score's name in the verdict
 
     def judge(self, m: Measured) -> Tuple[str, str]:
         parts, ahead, behind, open_ = [], 0, 0, 0
@@ -378,7 +377,7 @@ class AheadAt(Claim):
                                     open_ + (outcome == "tie"))
             parts.append(f"{task}: {self.group} {row[self.at]:.3f} against {best} "
                          f"{scores[best]:.3f} ({gap:+.3f}, band ±{band:.3f}){said}{notes}")
-        return tallied(ahead, behind, open_), (f"{self.score} at {x_text(self.at)}: "
+        return tallied(ahead, behind, open_), (f"{m.score} at {x_text(self.at)}: "
                                                + "; ".join(parts))
 
 
