@@ -263,7 +263,7 @@ def ruler_scores(records: List[dict], row_of, tasks: Tuple[str, ...], score: str
     before `score` existed adds nothing to it. No lengths: Measured.compare pairs perplexity
     windows, which say nothing of these scores."""
     from posbench.reports.stats import t95
-    from posbench.reproduce.claims import task_group
+    from posbench.reproduce.claims import score_name, task_group
 
     scores: Dict[str, Dict[float, List[float]]] = defaultdict(lambda: defaultdict(list))
     runs: Dict[str, List[dict]] = defaultdict(list)
@@ -288,7 +288,7 @@ def ruler_scores(records: List[dict], row_of, tasks: Tuple[str, ...], score: str
             values[group][x] = mean
             spread[group][x] = t95(n - 1) * sd / math.sqrt(n) if n > 1 else 0.0
     return Measured(dict(values), at_paper_scale=at_paper_scale, spread=dict(spread),
-                    runs=dict(runs), score=score.replace("_", " "))
+                    runs=dict(runs), score=score_name(score))
 
 
 _REGISTRY = Registry(Reproduction)

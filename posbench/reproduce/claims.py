@@ -60,6 +60,11 @@ class Measured:
         return sorted(xs)
 
 
+def score_name(key: str) -> str:
+    """A results.json score key as a verdict names it (Measured.score): exact_match, exact match."""
+    return key.replace("_", " ")
+
+
 def pct(x: float) -> str:
     return f"{x:+.1%}"
 
@@ -323,7 +328,8 @@ class AccuracyIn(Claim):
 class AheadAt(Claim):
     """In each of `tasks`, `task/group`'s score (Measured.score) at x = `at` is above the best
     of its `rivals` (`task/<rival>`) by more than the band: `tolerance` (accuracy points) plus
-    the two groups' seed bands (Measured.spread) combined in quadrature. tie: the claim is "best or tied-best", so a gap inside the band holds too.
+    the two groups' seed bands (Measured.spread) combined in quadrature. tie: the claim is "best
+    or tied-best", so a gap inside the band holds too.
 
     A score past L says nothing about length for a model that cannot do the task at L: a task
     where the group's score at x = 1 is under `learned` is not comparable, and a rival

@@ -23,7 +23,7 @@ scalings are not trained: each is RoPE's finished runs scored again with eval.ro
 from __future__ import annotations
 
 from posbench.reproduce.base import Reproduction, Rescore, Sweep, register, ruler_scores
-from posbench.reproduce.claims import AccuracyIn, AheadAt, Measured, task_group
+from posbench.reproduce.claims import AccuracyIn, AheadAt, Measured, score_name, task_group
 from posbench.reproduce.judge import task_tables
 
 # the paper's rows, in its order; the three scalings are RoPE's runs scored with eval.rope_scaling
@@ -190,7 +190,7 @@ class Gelberg2025Retrieval(Reproduction):
         paper does not print its rates at L; 1.0: every row learned every task)."""
         return Measured({task_group(t, r): {1.0: at_l, AT_2L: cls.published[r][c] / 100}
                          for t, c in COLUMNS.items() for r in ROWS}, at_paper_scale=True,
-                        score=SCORE)
+                        score=score_name(SCORE))
 
     @classmethod
     def tables(cls, measured, train_len):
