@@ -107,6 +107,29 @@ def test_an_encodings_own_keys_label_only_runs_of_that_encoding(tmp_path):
     assert labels == {"rope", "t5 [num_buckets=32]", "t5 [num_buckets=16]"}
 
 
+def test_labels_name_a_knob_only_where_a_group_has_other_than_the_usual_value(tmp_path):
+    """A sweep of knobs: each row names the knob it changed, not every knob the sweep touched;
+    summary.md says what the unnamed ones are. An encoding's own key is usual per encoding."""
+    model = lambda **keys: {"model": {"attn_gate": "none", "attn_sinks": False, **keys}}
+    write(tmp_path, "rope", run_record("rope", 0, {32: 9.0}, **model()))
+    write(tmp_path, "rope-1", run_record("rope", 1, {32: 9.2}, **model()))
+    write(tmp_path, "sinks", run_record("rope", 0, {32: 9.1}, **model(attn_sinks=True)))
+    write(tmp_path, "gate", run_record("rope", 0, {32: 8.9}, **model(attn_gate="elementwise")))
+    write(tmp_path, "alibi", run_record("alibi", 0, {32: 9.5}, **model()))
+    t5 = lambda buckets, **keys: {"encoding": {"name": "t5", "num_buckets": buckets},
+                                  **model(**keys)}
+    write(tmp_path, "t5", run_record("t5", 0, {32: 8.0}, **t5(32)))
+    write(tmp_path, "t5-sinks", run_record("t5", 0, {32: 8.0}, **t5(32, attn_sinks=True)))
+    write(tmp_path, "t5-16", run_record("t5", 0, {32: 8.0}, **t5(16)))
+    write_report(tmp_path)
+    rows = summary_rows(tmp_path)
+    assert {label: row["seeds"] for (label, _), row in rows.items()} == {
+        "rope": "2", "rope [attn_sinks=true]": "1", "rope [attn_gate=elementwise]": "1",
+        "alibi": "1", "t5": "1", "t5 [attn_sinks=true]": "1", "t5 [num_buckets=16]": "1"}
+    assert ("the sweep share: attn_gate=none, attn_sinks=false, t5 num_buckets=32."
+            in (tmp_path / "summary.md").read_text())
+
+
 def test_a_key_added_since_a_run_was_saved_reads_as_its_default(tmp_path):
     """Seeds of one setting saved before and after train.pack_documents existed are one group;
     a run that set the new key to another value is its own."""
@@ -134,14 +157,14 @@ def test_parity_gap_to_the_best_at_the_training_length_marks_under_trained_group
     half_width = 4.303 * 1.0 / math.sqrt(3)  # sd of (5, 6, 7) is 1
     expected = {"rope": (0.0, 0.0), "alibi": (0.1, 0.0), "sinusoidal": (0.5, half_width / 4.0)}
     for label, (gap, band) in expected.items():
-        row = rows[(f"{label} [seq_len=32]", 32)]
+        row = rows[(label, 32)]  # 32, the length most groups share, is left out of labels
         assert float(row["train_length_gap"]) == pytest.approx(gap, abs=1e-9)
         assert float(row["train_length_gap_ci95"]) == pytest.approx(band, rel=1e-3)
         assert row["under_trained"] == str(gap > 0.15)
         assert float(row["extrapolation_ratio"]) == pytest.approx(2.0)
     assert float(rows[("t5 [seq_len=64]", 64)]["train_length_gap"]) == 0.0
     summary = (tmp_path / "summary.md").read_text()
-    assert "| sinusoidal [seq_len=32] |" in summary
+    assert "| sinusoidal |" in summary and "the sweep share: seq_len=32." in summary
     assert f"+50.0% ± {half_width / 4.0:.1%} under-trained |" in summary
     under = [line for line in summary.splitlines() if "extrapolation ratio is not comparable" in line]
     assert len(under) == 1 and under[0].startswith("- **sinusoidal")

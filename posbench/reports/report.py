@@ -19,7 +19,7 @@ import csv
 import hashlib
 import io
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -103,11 +103,9 @@ def short_text(value) -> str:
     return text if len(text) <= VALUE_CHARS else text[:VALUE_CHARS - 1] + "…"
 
 
-def group_label(runs: List[dict], ignore: Tuple[str, ...] = ()) -> Dict[int, str]:
-    """Label of each run: its encoding plus every swept key (not the seed, nor a key starting
-    with one of `ignore`) that differs, in short: `alibi [seq_len=64, lr=0.001]`. Runs with the
-    same label are one group; groups whose short labels would coincide get a hash of their full
-    values."""
+def _settings(runs: List[dict], ignore: Tuple[str, ...]):
+    """Each run's flat config, its values as comparable strings, and the swept keys: those that
+    differ between runs (not the seed, nor a key starting with one of `ignore`)."""
     # a key added since a run was saved reads as its default, which is what that run did: runs
     # of one setting saved by two posbench versions are one group
     flats = [flatten(to_container(with_defaults(r.get("config", {})))) for r in runs]
@@ -116,11 +114,40 @@ def group_label(runs: List[dict], ignore: Tuple[str, ...] = ()) -> Dict[int, str
     keys = sorted({k for f in texts for k in f})
     swept = [k for k in keys if k != "encoding.name" and not k.startswith(IGNORED_KEYS + ignore)
              and _differs(k, runs, texts)]
+    return flats, texts, swept
+
+
+def _usual(runs: List[dict], texts: List[Dict[str, str]], swept: List[str]) -> Dict[tuple, str]:
+    """(key, encoding) -> the value most of the distinct settings share, where one value is the
+    most common (an encoding's own key counted over that encoding's settings, other keys over
+    all); a grid, where values tie, has none. A label leaves out a key at its usual value, so a
+    sweep of knobs reads `rope [attn_sinks=true]` rather than every knob of every row."""
+    settings = {(run["encoding"], tuple(text.get(k) for k in swept))
+                for run, text in zip(runs, texts)}
+    usual = {}
+    for i, key in enumerate(swept):
+        scopes = sorted({r["encoding"] for r in runs}) if key.startswith("encoding.") else [""]
+        for scope in scopes:
+            counts = Counter(values[i] for name, values in settings
+                             if scope in ("", name)).most_common(2)
+            if len(counts) == 1 or counts[0][1] > counts[1][1]:
+                usual[key, scope] = counts[0][0]
+    return usual
+
+
+def group_label(runs: List[dict], ignore: Tuple[str, ...] = ()) -> Dict[int, str]:
+    """Label of each run: its encoding plus every swept key whose value is not the usual one
+    (`_usual`), in short: `alibi [seq_len=64, lr=0.001]`. Runs with the same label are one group;
+    groups whose short labels would coincide get a hash of their full values."""
+    flats, texts, swept = _settings(runs, ignore)
+    usual = _usual(runs, texts, swept)
     names = short_keys(swept)
     full, short = {}, {}
     for i, (run, flat) in enumerate(zip(runs, flats)):
-        shown = [k for k in swept if k in flat or not k.startswith("encoding.")]
-        full[i] = (run["encoding"], tuple(texts[i].get(k, "-") for k in shown))
+        scope = lambda k: run["encoding"] if k.startswith("encoding.") else ""
+        shown = [k for k in swept if (k in flat or not k.startswith("encoding."))
+                 and texts[i].get(k) != usual.get((k, scope(k)), object())]
+        full[i] = (run["encoding"], tuple(texts[i].get(k, "-") for k in swept))
         extra = ", ".join(f"{names[k]}={short_text(flat[k]) if k in flat else '-'}"
                           for k in shown)
         short[i] = run["encoding"] + (f" [{extra}]" if extra else "")
@@ -130,6 +157,20 @@ def group_label(runs: List[dict], ignore: Tuple[str, ...] = ()) -> Dict[int, str
     return {i: short[i] if len(groups_of[short[i]]) == 1
             else f"{short[i]} #{hashlib.sha256(repr(full[i]).encode()).hexdigest()[:4]}"
             for i in short}
+
+
+def unlabelled_values(runs: List[dict]) -> List[str]:
+    """`key=value` of each swept key that some groups' labels leave out, at its usual value
+    (an encoding's own key named with its encoding: `t5 num_buckets=32`)."""
+    flats, texts, swept = _settings(runs, ())
+    names = short_keys(swept)
+    values = {}
+    for (key, scope), text in _usual(runs, texts, swept).items():
+        in_scope = [(f, t) for r, f, t in zip(runs, flats, texts) if scope in ("", r["encoding"])]
+        if any(t.get(key) != text for _, t in in_scope):  # some label shows it
+            value = next(f[key] for f, t in in_scope if t.get(key) == text)
+            values[scope, names[key]] = f"{names[key]}={short_text(value)}"
+    return [(f"{scope} " if scope else "") + text for (scope, _), text in sorted(values.items())]
 
 
 def rescore_change(record: dict, original: Optional[dict]) -> str:
@@ -303,6 +344,7 @@ def write_report(root: Path, only: Optional[str] = None) -> Dict[str, dict]:
         raise ConfigError(f"--protocol {only!r} is not accepted; expected one of the protocols "
                           f"of the results in {str(root)!r}: {', '.join(present)}")
     groups, retrieval_rows, base_of, repeats = groups_of(ok)
+    unlabelled = unlabelled_values([r for r in ok if r["_file"] == RESULTS])
     left_out = 0
     if only is not None:  # after grouping, so that labels stay those of the whole folder
         groups = {k: v for k, v in groups.items() if protocol(v[0]) == only}
@@ -381,7 +423,9 @@ def write_report(root: Path, only: Optional[str] = None) -> Dict[str, dict]:
     lines += [f"Perplexity by evaluation length (training length "
               f"{', '.join(map(str, train_lens))}; protocol {', '.join(protocols)}){band}. A "
               "group with a change in parentheses is a re-score of the group it names "
-              "(`posbench eval`).", ""]
+              "(`posbench eval`)."
+              + (" A label leaves out a key where the group has the value most settings of the "
+                 f"sweep share: {', '.join(unlabelled)}." if unlabelled else ""), ""]
     lines += _markdown_table(tables["ppl"], 3, ratio_of=train_of, gaps=gaps)
     lines += ["", "Log-ppl growth past L, the headline: the mean over the evaluated lengths n > L "
               "of ln(ppl(n)/ppl(L)); 0 is no worse than at the training length L. "
