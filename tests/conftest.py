@@ -59,3 +59,22 @@ def toy_run_copy(toy_run, tmp_path):
     import shutil
 
     return Path(shutil.copytree(toy_run[0], tmp_path / "run"))
+
+
+@pytest.fixture
+def flex_traced(monkeypatch):
+    """posbench's compiled FlexAttention (attention/paths.py, as CUDA runs it) traced by dynamo,
+    whose guards decide the recompiles on every device, and by AOT autograd, but not lowered to
+    C++ by inductor: no CPU run of posbench takes that path, and its code generation is most of
+    a CPU test's time."""
+    import functools
+
+    import posbench.attention.paths as paths
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    caches = (paths._compiled_flex, paths._compiled_block_mask)
+    for cache in caches:
+        cache.cache_clear()
+    yield
+    for cache in caches:
+        cache.cache_clear()

@@ -157,9 +157,10 @@ FLEX = [name for name in sorted(registry()) if (lambda e: e.score_mod is not Non
 
 
 @pytest.mark.parametrize("name", FLEX)
-def test_flex_attention_forward_on_cpu(name, monkeypatch):
-    """Each score_mod traced and compiled by FlexAttention as on CUDA (forward only: torch has
-    no CPU backward for it), against the dense reference."""
+def test_flex_attention_forward_on_cpu(name, monkeypatch, flex_traced):
+    """Each score_mod traced into FlexAttention's compiled graph as on CUDA (forward only: torch
+    has no CPU backward for it; not lowered to C++, conftest's flex_traced), against the dense
+    reference."""
     monkeypatch.setattr(transformer_xl, "whole_table", lambda q: True)  # its CUDA form
     q, k, v = (x.detach() for x in inputs(dtype=torch.float32))
     enc = encoding(name).float()

@@ -107,7 +107,7 @@ def test_blockwise_path_matches_dense_float64_reference(monkeypatch):
     assert_matches_reference(out, ref, (q, k, v, enc.u, enc.v, enc.w_r))
 
 
-def test_compiled_flex_attention_on_the_whole_table_matches_blockwise(monkeypatch):
+def test_compiled_flex_attention_on_the_whole_table_matches_blockwise(monkeypatch, flex_traced):
     """The CUDA form (every row's lag table, looked up per score) run through FlexAttention on
     CPU, against the CPU form (a block's rows at a time) on the blockwise path."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention

@@ -3,8 +3,9 @@ masks) stays compiled for a whole study: the training and validation shapes, eve
 length with its batch (tokens // length), retrieval's single sequences. dynamo recompiles a
 function at most 8 times and then runs FlexAttention unfused, forming the whole scores (out of
 memory at 65536 on gpt2-small): every shape of this test must be compiled.
-Run here on the CPU, forward only (torch has no CPU backward for FlexAttention): the same
-dynamo guards decide the recompiles on both devices."""
+Run here on the CPU, forward only (torch has no CPU backward for FlexAttention) and traced but
+not lowered to C++ (conftest's flex_traced): the same dynamo guards decide the recompiles on
+every device and backend."""
 import math
 
 import torch
@@ -35,11 +36,9 @@ def slope_bias(score, b, h, q_idx, kv_idx):  # ALiBi-like, slopes 1/2 and 1/4
     return score - (q_idx - kv_idx) * 0.5 ** (h + 1)
 
 
-def test_one_study_keeps_flex_compiled_at_every_shape(caplog):
+def test_one_study_keeps_flex_compiled_at_every_shape(caplog, flex_traced):
     torch._dynamo.reset()
-    attention._compiled_flex.cache_clear()
     attention._block_mask.cache_clear()
-    attention._compiled_block_mask.cache_clear()
     g = torch.Generator().manual_seed(0)
     shapes = [(TOKENS // T, T) for T in LENGTHS] + [(1, 640), (1, 2560)]  # + retrieval's
     with torch.no_grad():
