@@ -140,6 +140,20 @@ def test_the_references_own_copy_numbers_reproduce_the_copy_claims():
         NOT_COMPARABLE, "not learned at L (exact match under 0.95): copy/nope 0.775")
 
 
+def test_t5_copies_past_l_at_the_references_107m_scale_and_not_at_its_2m_scale():
+    """The reference's own two T5 rows on copy (results/len_gen_experiments.csv): the 2.25M
+    decoder's three seeds average 0.587, 0.457, 0.417 at sizes 21-23 and 0 from 24 to 40, which
+    the small-scale claim reads at posbench's sizes 25..40; the 107M decoder's curve breaks it."""
+    small = verdicts(copy_curves(t5=(0.0, 0.0, 0.0, 0.0)))
+    assert small["copy_t5_small_fails"][0] == REPRODUCED
+    assert small["copy_t5_at_2L"][0] == NOT_REPRODUCED
+    base = verdicts(copy_curves())["copy_t5_small_fails"]
+    assert base[0] == NOT_REPRODUCED and "highest: copy/t5 0.998 at 1.25L" in base[1]
+    # one seed in three copying a third at 2L alone moves the mean to 0.1: beyond 0.05
+    assert verdicts(copy_curves(t5=(0.0, 0.0, 0.0, 0.105)))["copy_t5_small_fails"][0] == (
+        NOT_REPRODUCED)
+
+
 def test_runs_are_grouped_by_task_and_encoding_at_their_instance_size():
     def record(task, enc, seed, seq_len, curve):
         return {"encoding": enc, "seed": seed, "dataset": {"name": f"task_{task}"},
