@@ -13,7 +13,9 @@ from typing import Dict, List, Optional
 
 PARITY_TOLERANCE = 0.15
 UNDER_TRAINED = (f"under-trained: more than {PARITY_TOLERANCE:.0%} behind the best perplexity "
-                 "at the training length, so its extrapolation ratio is not comparable")
+                 "at the training length, so its extrapolation ratio is not comparable; more "
+                 "optimizer steps close such a gap (`train.steps=`; docs/results.md, Parity on "
+                 "text nobody tuned on)")
 
 
 def ppl_at(curve: List[dict], length: int) -> Optional[float]:
