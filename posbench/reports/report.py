@@ -135,18 +135,21 @@ def _usual(runs: List[dict], texts: List[Dict[str, str]], swept: List[str]) -> D
     return usual
 
 
-def group_label(runs: List[dict], ignore: Tuple[str, ...] = ()) -> Dict[int, str]:
+def group_label(runs: List[dict], ignore: Tuple[str, ...] = ()) -> Tuple[Dict[int, str],
+                                                                          List[str]]:
     """Label of each run: its encoding plus every swept key whose value is not the usual one
     (`_usual`), in short: `alibi [seq_len=64, lr=0.001]`. Runs with the same label are one group;
-    groups whose short labels would coincide get a hash of their full values."""
+    groups whose short labels would coincide get a hash of their full values. Also `key=value`
+    of each usual value that some labels leave out (an encoding's own key named with its
+    encoding: `t5 num_buckets=32`), for summary.md to name."""
     flats, texts, swept = _settings(runs, ignore)
     usual = _usual(runs, texts, swept)
     names = short_keys(swept)
     full, short = {}, {}
     for i, (run, flat) in enumerate(zip(runs, flats)):
         scope = lambda k: run["encoding"] if k.startswith("encoding.") else ""
-        shown = [k for k in swept if (k in flat or not k.startswith("encoding."))
-                 and texts[i].get(k) != usual.get((k, scope(k)), object())]
+        # an encoding's key that this run lacks is usual (None) among its encoding's settings
+        shown = [k for k in swept if texts[i].get(k) != usual.get((k, scope(k)), object())]
         full[i] = (run["encoding"], tuple(texts[i].get(k, "-") for k in swept))
         extra = ", ".join(f"{names[k]}={short_text(flat[k]) if k in flat else '-'}"
                           for k in shown)
@@ -154,23 +157,17 @@ def group_label(runs: List[dict], ignore: Tuple[str, ...] = ()) -> Dict[int, str
     groups_of = defaultdict(set)
     for i in short:
         groups_of[short[i]].add(full[i])
-    return {i: short[i] if len(groups_of[short[i]]) == 1
-            else f"{short[i]} #{hashlib.sha256(repr(full[i]).encode()).hexdigest()[:4]}"
-            for i in short}
-
-
-def unlabelled_values(runs: List[dict]) -> List[str]:
-    """`key=value` of each swept key that some groups' labels leave out, at its usual value
-    (an encoding's own key named with its encoding: `t5 num_buckets=32`)."""
-    flats, texts, swept = _settings(runs, ())
-    names = short_keys(swept)
-    values = {}
-    for (key, scope), text in _usual(runs, texts, swept).items():
+    labels = {i: short[i] if len(groups_of[short[i]]) == 1
+              else f"{short[i]} #{hashlib.sha256(repr(full[i]).encode()).hexdigest()[:4]}"
+              for i in short}
+    left_out = {}
+    for (key, scope), text in usual.items():
         in_scope = [(f, t) for r, f, t in zip(runs, flats, texts) if scope in ("", r["encoding"])]
         if any(t.get(key) != text for _, t in in_scope):  # some label shows it
             value = next(f[key] for f, t in in_scope if t.get(key) == text)
-            values[scope, names[key]] = f"{names[key]}={short_text(value)}"
-    return [(f"{scope} " if scope else "") + text for (scope, _), text in sorted(values.items())]
+            left_out[scope, names[key]] = f"{names[key]}={short_text(value)}"
+    return labels, [(f"{scope} " if scope else "") + text
+                    for (scope, _), text in sorted(left_out.items())]
 
 
 def rescore_change(record: dict, original: Optional[dict]) -> str:
@@ -192,13 +189,13 @@ def retrieval_only(record: dict, original: Optional[dict]) -> bool:
 
 
 def groups_of(runs: List[dict]) -> Tuple[Dict[str, List[dict]], Dict[str, List[dict]],
-                                         Dict[str, str], List[str]]:
+                                         Dict[str, str], List[str], List[str]]:
     """label -> its runs (perplexity groups); label -> the re-scores of retrieval alone, which
-    are retrieval rows of their original's group; re-score label -> its original's label; and a
+    are retrieval rows of their original's group; re-score label -> its original's label; a
     line per run left out because it repeats another of its group (the same config and seed:
-    not a second seed)."""
+    not a second seed); and the usual values the labels leave out (group_label)."""
     originals = [r for r in runs if r["_file"] == RESULTS]
-    labels = group_label(originals)
+    labels, unlabelled = group_label(originals)
     label_of = {r["_dir"]: labels[i] for i, r in enumerate(originals)}
     by_dir = {r["_dir"]: r for r in originals}
     groups: Dict[str, List[dict]] = defaultdict(list)
@@ -224,7 +221,7 @@ def groups_of(runs: List[dict]) -> Tuple[Dict[str, List[dict]], Dict[str, List[d
             repeats.append(f"- {record['_dir']}/{record['_file']} repeats "
                            f"{same['_dir']}/{same['_file']} (same config and seed "
                            f"{record.get('seed')}): counted once")
-    return dict(groups), dict(retrieval_rows), base_of, repeats
+    return dict(groups), dict(retrieval_rows), base_of, repeats, unlabelled
 
 
 def in_table_order(by_label: Dict[str, Any]) -> Dict[str, Any]:
@@ -343,8 +340,7 @@ def write_report(root: Path, only: Optional[str] = None) -> Dict[str, dict]:
     if only is not None and only not in present:
         raise ConfigError(f"--protocol {only!r} is not accepted; expected one of the protocols "
                           f"of the results in {str(root)!r}: {', '.join(present)}")
-    groups, retrieval_rows, base_of, repeats = groups_of(ok)
-    unlabelled = unlabelled_values([r for r in ok if r["_file"] == RESULTS])
+    groups, retrieval_rows, base_of, repeats, unlabelled = groups_of(ok)
     left_out = 0
     if only is not None:  # after grouping, so that labels stay those of the whole folder
         groups = {k: v for k, v in groups.items() if protocol(v[0]) == only}
@@ -451,7 +447,7 @@ def write_report(root: Path, only: Optional[str] = None) -> Dict[str, dict]:
         ppl_at_train=lambda g: ppl_table.get(g, {}).get(train_of[g], {}).get("mean"))
     lines += self_extend.report_lines(groups, base_of, ppl_table, root / self_extend.CSV)
     originals = list(trained)
-    series = group_label([trained[label][0] for label in originals], ignore=("model.",))
+    series, _ = group_label([trained[label][0] for label in originals], ignore=("model.",))
     size_lines = by_size.report_lines(
         trained, {label: series[i] for i, label in enumerate(originals)},
         at_train=lambda g: ppl_table.get(g, {}).get(train_of[g]),
