@@ -13,9 +13,10 @@ from typing import Dict, List, Optional
 
 PARITY_TOLERANCE = 0.15
 UNDER_TRAINED = (f"under-trained: more than {PARITY_TOLERANCE:.0%} behind the best perplexity "
-                 "at the training length, so its extrapolation ratio is not comparable; more "
-                 "optimizer steps close such a gap (`train.steps=`; docs/results.md, Parity on "
-                 "text nobody tuned on)")
+                 "at the training length, so its extrapolation ratio is not comparable; where "
+                 "the gap is one of training speed, as for the absolute encodings and NoPE, more "
+                 "optimizer steps close it (`train.steps=`; docs/results.md, Parity on text "
+                 "nobody tuned on)")
 
 
 def ppl_at(curve: List[dict], length: int) -> Optional[float]:
