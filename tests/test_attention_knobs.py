@@ -41,8 +41,9 @@ def oracle(attn, encoding, x, pos):
     enc, layer = encoding.at_layer(attn.layer)
     q, k, v = attn.heads(x, pos, encoding)
     Bq, H, Tq, _ = q.shape
-    b, h = torch.arange(Bq).view(-1, 1, 1, 1), torch.arange(H).view(1, -1, 1, 1)
-    q_idx, kv_idx = torch.arange(Tq).view(1, 1, -1, 1), torch.arange(Tq).view(1, 1, 1, -1)
+    arange = lambda n: torch.arange(n, device=q.device)  # noqa: E731  the CUDA test runs it too
+    b, h = arange(Bq).view(-1, 1, 1, 1), arange(H).view(1, -1, 1, 1)
+    q_idx, kv_idx = arange(Tq).view(1, 1, -1, 1), arange(Tq).view(1, 1, 1, -1)
     inputs = {"x": x} if enc.reads_input else {}
     if enc.remap is not None:
         near_q, near_k, far_q, far_k, is_near = enc.remap(q, k, pos, layer, attn.span)
@@ -58,7 +59,8 @@ def oracle(attn, encoding, x, pos):
         scores = enc.row_mod(scores, q=q, k=k, pos=pos, layer=layer, q_idx=q_idx, kv_idx=kv_idx,
                              **inputs).masked_fill(hidden, float("-inf"))
     sink = (attn.sinks.view(1, H, 1, 1) if attn.sinks is not None
-            else torch.full((1, 1, 1, 1), float("-inf"), dtype=scores.dtype))
+            else torch.full((1, 1, 1, 1), float("-inf"), dtype=scores.dtype,
+                       device=scores.device))
     top = torch.maximum(scores.amax(-1, keepdim=True), sink)  # for exp's range only
     weights = (scores - top).exp()
     probs = weights / ((sink - top).exp() + weights.sum(-1, keepdim=True))

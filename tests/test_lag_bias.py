@@ -122,6 +122,28 @@ def test_attend_through_the_lag_table_matches_the_dense_reference(name, train, m
             torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("name", [n for n in LAG_ONLY
+                                  if any(p.requires_grad for p in encoding(n).parameters())])
+def test_a_learned_table_in_one_masked_call_matches_the_dense_reference(name):
+    """CUDA's training path for a learned bias of the lag (run here on the CPU, where SDPA takes
+    the same mask): output and every gradient, the table's summed along the mask's diagonals."""
+    enc = encoding(name)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(B, H, T, D, generator=g, dtype=torch.float64, requires_grad=True)
+               for _ in range(3))
+    pos = torch.arange(T).expand(B, T)
+    table = lag_bias.lag_table(enc.score_mod(q, k, pos, 0), pos, H, torch.float64)
+    assert table.requires_grad
+    out = lag_bias.learned_lag_bias_attention(q, k, v, table)
+    ref = dense_reference(q, k, v, enc, pos)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    wrt = (q, k, v, *enc.parameters())
+    probe = torch.randn(ref.shape, generator=g, dtype=torch.float64)
+    grads = torch.autograd.grad((out * probe).sum(), wrt)
+    for got, want in zip(grads, torch.autograd.grad((ref * probe).sum(), wrt)):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
 def test_lag_table_only_for_one_unit_step_row():
     enc = encoding("alibi")
 

@@ -12,6 +12,8 @@
 - a bias of the lag alone, CPU  -> fused SDPA per block of queries, the mask a strided view of
   (encoding.lag_only_bias)         one table of lags (posbench/attention/lag_bias.py), unless the
                                    bias is learned and in training
+- a learned bias of the lag      -> one fused SDPA call, its mask laid out from the table of lags,
+  alone, CUDA training             whose gradient the kernel returns (no atomics)
 - encoding.lag_rows, CPU eval   -> the same, the mask a strided view of each block's table of
                                    (query row, lag) (FIRE, Transformer-XL)
 - encoding.lag_decay, CPU eval  -> the same, each block's q and k scaled so that SDPA forms the
@@ -55,7 +57,8 @@ from torch.utils.checkpoint import checkpoint
 
 from posbench.attention.lag_bias import (decay_attention, factored_bias_attention,
                                          lag_bias_attention, lag_is_index_difference,
-                                         lag_rows_attention, lag_table)
+                                         lag_rows_attention, lag_table,
+                                         learned_lag_bias_attention)
 from posbench.attention.decoupled_rope import DecoupledRoPE
 from posbench.attention.span import GLOBAL, Segmented, Span
 from posbench.attention.temperature import Temperature
@@ -200,8 +203,10 @@ def attend(q, k, v, pos, encoding, layer, x=None, span: Span = GLOBAL, sinks=Non
         lags = span.is_global and not torch.compiler.is_compiling() and sinks is None
         if score_mod is not None and encoding.lag_only_bias and lags:
             table = lag_table(score_mod, pos, q.shape[1], q.dtype)
-            if table is not None and not table.requires_grad:  # learned, in training: below
+            if table is not None and not table.requires_grad:
                 return lag_bias_attention(q, k, v, table)
+            if table is not None and q.is_cuda:  # learned, in training; on CPU: below
+                return learned_lag_bias_attention(q, k, v, table)
         if (encoding.lag_rows is not None and lags and not torch.is_grad_enabled()
                 and lag_is_index_difference(pos)):
             rows = encoding.lag_rows(q, k, pos, layer)
@@ -459,7 +464,9 @@ def _learns_through(score_mod, q) -> bool:
     from the attention's input). FlexAttention's backward adds those gradients with one atomic
     per score onto a few addresses: 48x slower than NoPE for T5 on an H100 (2026-11-25), not
     reproducible run to run, and inductor refuses FIRE's and FoX's score_mods (a tensor that
-    needs a gradient, indexed twice). The blockwise path's backward is exact and deterministic."""
+    needs a gradient, indexed twice). Such a bias takes one masked SDPA call when it is a table
+    of lags (learned_lag_bias_attention), the blockwise path otherwise: both exact, the same
+    every run."""
     if score_mod is None or not torch.is_grad_enabled():
         return False
     zero = torch.zeros((), dtype=torch.long, device=q.device)
