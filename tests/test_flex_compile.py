@@ -67,8 +67,8 @@ def learned_and_fixed():
 
 
 def test_flex_is_kept_for_score_mods_that_no_gradient_flows_into():
-    """On CUDA a learned bias in training takes the blockwise path, whose backward sums the
-    table's gradient exactly; FlexAttention's would add it atomically, one add per score."""
+    """On CUDA a learned bias in training leaves FlexAttention, whose backward would add the
+    table's gradient atomically, one add per score, for a path that sums it exactly."""
     (t5, q), (alibi, _) = learned_and_fixed()
     assert attention._learns_through(t5, q)
     assert not attention._learns_through(alibi, q)
