@@ -76,5 +76,9 @@ class AlibiTable2(Reproduction):
         "parity claim's): up to 0.06 nats, a quarter of T5's log-growth (0.28) and a tenth of "
         "rotary's (0.67); and posbench's 8L stands for the paper's 8.8L, where the paper's rotary "
         "log-growth rises about 0.035 nats per 10% of length")
-    cost = ("4 jobs of 20000 steps of 32 x 512 tokens on one GPU, evaluated to 16384; "
-            "not timed in posbench yet (no GPU was at hand): the dry run's FLOPs are the estimate")
+    # the rates: scripts/bench.py, gpt2-small at 1024 tokens, batch 16, eager, on an H100
+    # (docs/benchmarks.md, 2026-11-27); at 512 tokens attention is cheaper, so an upper bound
+    cost = ("4 jobs of 20000 steps of 32 x 512 tokens (328M tokens each) on one H100, evaluated "
+            "to 16384: at the 366K (rotary), 341K (ALiBi) and 206K (T5) training tokens/s "
+            "measured on an H100 at 1024 tokens, about 15, 16 and 27 minutes of training a job, "
+            "about 75 minutes for the four, plus their evaluations")
