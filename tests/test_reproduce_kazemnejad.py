@@ -154,6 +154,21 @@ def test_t5_copies_past_l_at_the_references_107m_scale_and_not_at_its_2m_scale()
         NOT_REPRODUCED)
 
 
+def test_summation_mod_10_at_chance_at_l_as_in_the_references_own_runs():
+    """The reference's five sum_mod rows sit at 0.101-0.106 at the training sizes: chance (0.1).
+    The claim holds for posbench's seed-0 numbers at L (0.086-0.110), refuses a model that
+    learned the task, and needs no learning at L to be judged."""
+    def sums(at_l):
+        return Measured({f"sum_mod/{e}": {0.5: 0.3, 1.0: v, 2.0: 0.1}
+                         for e, v in zip(ENCODINGS, at_l)}, at_paper_scale=False)
+
+    judged = verdicts(sums((0.088, 0.086, 0.110, 0.093, 0.102)))["sum_mod_at_chance"]
+    assert judged[0] == REPRODUCED and "highest: sum_mod/alibi 0.110 at 1L" in judged[1]
+    assert verdicts(sums((0.088, 0.086, 0.160, 0.093, 0.102)))["sum_mod_at_chance"][0] == (
+        NOT_REPRODUCED)
+    assert verdicts(Measured({}, False))["sum_mod_at_chance"][0] == NOT_COMPARABLE
+
+
 def test_runs_are_grouped_by_task_and_encoding_at_their_instance_size():
     def record(task, enc, seed, seq_len, curve):
         return {"encoding": enc, "seed": seed, "dataset": {"name": f"task_{task}"},

@@ -47,7 +47,9 @@ class Kazemnejad2023(Reproduction):
     source = ("Kazemnejad et al., NeurIPS 2023, arXiv 2305.19466, Figure 1 (mean reciprocal "
               "rank of the five encodings over the 10 tasks); the copy claims' numbers from "
               + COPY_TABLE + " (at 107M NoPE 2 seeds, T5 1, APE 2; rotary and ALiBi have no "
-              "rows there)")
+              "rows there); the summation claim's from the same file's sum_mod len_tr20_ts40 "
+              "rows (t5_dec_cls_base with T5, no and sinusoidal positions, robertaLargeArc_cls "
+              "with absolute and no positions; 3 seeds each)")
     claims = (
         AccuracyIn("in_distribution", "every model is near-perfect at the sizes it was trained "
                    "on (the paper's premise: differences appear only past L)", 0.05,
@@ -76,6 +78,14 @@ class Kazemnejad2023(Reproduction):
                    "from 24 on", 0.05, "the reference's three seeds are 0 at every size from "
                    "24 on; 0.05 is a few instances in a hundred",
                    groups=copy_group("t5"), low=1.25, high=2.0, most=0.0),
+        AccuracyIn("sum_mod_at_chance", "summation mod 10 is at chance for every model at the "
+                   "training sizes, in the reference's own runs (5 models x 3 seeds at L = 20 "
+                   "with a classifier head: accuracy 0.101-0.106, loss 2.30 = ln 10)", 0.05,
+                   "chance is 0.1; 0.05 is five binomial standard errors of the about 900 "
+                   "instances scored at L (eval.tokens 16384 in windows of 18 tokens) and no "
+                   "more, so a model that learned the task is refused",
+                   groups=tuple(task_group("sum_mod", e) for e in ENCODINGS), low=1.0, high=1.0,
+                   most=0.1, learned=None),
         AccuracyIn("copy_ape_fails", "on copy APE fails just past L (0.892 at 21, 0 from 25)",
                    0.05, "the reference's two seeds are 0 at every size from 25 on",
                    groups=copy_group("sinusoidal"), low=1.25, high=2.0, most=0.0),
