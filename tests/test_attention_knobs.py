@@ -41,9 +41,11 @@ def oracle(attn, encoding, x, pos):
     enc, layer = encoding.at_layer(attn.layer)
     q, k, v = attn.heads(x, pos, encoding)
     Bq, H, Tq, _ = q.shape
-    arange = lambda n: torch.arange(n, device=q.device)  # noqa: E731  the CUDA test runs it too
-    b, h = arange(Bq).view(-1, 1, 1, 1), arange(H).view(1, -1, 1, 1)
-    q_idx, kv_idx = arange(Tq).view(1, 1, -1, 1), arange(Tq).view(1, 1, 1, -1)
+    dev = q.device  # the CUDA test runs the oracle too
+    b = torch.arange(Bq, device=dev).view(-1, 1, 1, 1)
+    h = torch.arange(H, device=dev).view(1, -1, 1, 1)
+    q_idx = torch.arange(Tq, device=dev).view(1, 1, -1, 1)
+    kv_idx = torch.arange(Tq, device=dev).view(1, 1, 1, -1)
     inputs = {"x": x} if enc.reads_input else {}
     if enc.remap is not None:
         near_q, near_k, far_q, far_k, is_near = enc.remap(q, k, pos, layer, attn.span)
@@ -59,8 +61,7 @@ def oracle(attn, encoding, x, pos):
         scores = enc.row_mod(scores, q=q, k=k, pos=pos, layer=layer, q_idx=q_idx, kv_idx=kv_idx,
                              **inputs).masked_fill(hidden, float("-inf"))
     sink = (attn.sinks.view(1, H, 1, 1) if attn.sinks is not None
-            else torch.full((1, 1, 1, 1), float("-inf"), dtype=scores.dtype,
-                       device=scores.device))
+            else torch.full((1, 1, 1, 1), float("-inf"), dtype=scores.dtype, device=dev))
     top = torch.maximum(scores.amax(-1, keepdim=True), sink)  # for exp's range only
     weights = (scores - top).exp()
     probs = weights / ((sink - top).exp() + weights.sum(-1, keepdim=True))
