@@ -1,3 +1,6 @@
+import sysconfig
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -6,6 +9,14 @@ from posbench.core.errors import ConfigError
 from posbench.data import build_dataset, prepare
 from posbench.data.tokens import is_validation, read_token_dir
 from helpers import window_starts
+
+
+def test_stdlib_corpus_is_every_py_file_of_the_standard_library_and_no_installed_package():
+    root = Path(sysconfig.get_paths()["stdlib"])
+    expected = [p.relative_to(root).as_posix() for p in sorted(root.rglob("*.py"))
+                if not {"site-packages", "dist-packages"} & set(p.parts)]
+    keys = [key for key, _ in build_dataset(posbench.compose([]).dataset).documents().identity]
+    assert keys == expected and len(keys) > 500
 
 
 def test_stdlib_corpus_is_split_by_file_and_fingerprinted(stdlib_data):

@@ -75,8 +75,13 @@ def bash_lines(page: str) -> list[str]:
 
 
 def posbench_commands() -> list[str]:
-    return list(dict.fromkeys(c for page in PAGES for c in bash_lines(page)
-                              if c.startswith("posbench ") or c == "posbench"))
+    """The pages' posbench commands, the first of those that run here as the same argv
+    (`reproduce X` is run as `reproduce X --dry-run`, which the pages also show)."""
+    runs = {}
+    for command in (c for page in PAGES for c in bash_lines(page)):
+        if command.startswith("posbench ") or command == "posbench":
+            runs.setdefault(tuple(as_run_here(command)[0]), command)
+    return list(runs.values())
 
 
 def as_run_here(command: str) -> tuple[list[str], str]:
