@@ -169,13 +169,14 @@ def test_summation_mod_10_at_chance_at_l_as_in_the_references_own_runs():
     assert verdicts(Measured({}, False))["sum_mod_at_chance"][0] == NOT_COMPARABLE
 
 
-def test_runs_are_grouped_by_task_and_encoding_at_their_instance_size():
-    def record(task, enc, seed, seq_len, curve):
-        return {"encoding": enc, "seed": seed, "dataset": {"name": f"task_{task}"},
-                "train": {"seq_len": seq_len},
-                "model": {"params": 1, "n_layer": 1, "n_head": 1, "d_model": 8},
-                "eval": {"curve": [{"length": n, "ppl": 1.0, "accuracy": a} for n, a in curve]}}
+def record(task, enc, seed, seq_len, curve):
+    return {"encoding": enc, "seed": seed, "dataset": {"name": f"task_{task}"},
+            "train": {"seq_len": seq_len},
+            "model": {"params": 1, "n_layer": 1, "n_head": 1, "d_model": 8},
+            "eval": {"curve": [{"length": n, "ppl": 1.0, "accuracy": a} for n, a in curve]}}
 
+
+def test_runs_are_grouped_by_task_and_encoding_at_their_instance_size():
     # copy of size k fills 2k + 2 tokens (a window of n = 2k + 1); addition_msb of two k-digit
     # numbers 3k + 4 when the sum carries (n = 3k + 3)
     runs = [record("copy", "nope", 0, 41, [(41, 1.0), (81, 0.5)]),
@@ -186,6 +187,30 @@ def test_runs_are_grouped_by_task_and_encoding_at_their_instance_size():
                                "addition_msb/t5": {1.0: 0.9, 2.0: 0.25}}
     assert ENTRY.owns(runs) == []
     assert ENTRY.owns([record("copy", "learned", 0, 41, [(41, 1.0)])]) == ["copy/learned"]
+
+
+def test_the_report_ranks_each_seed_on_its_own_runs_and_shows_the_seeds_range():
+    """Copy learned at L by all five; past L (size 40, 2L) seed 0 has the figure's order and
+    seed 1 drops NoPE to third. By hand: seed 0 ranks nope 1, t5 1/2, alibi 1/3; seed 1 t5 1,
+    alibi 1/2, nope 1/3; the means (nope 0.6, t5 0.9, alibi 0.5) t5 1, nope 1/2, alibi 1/3;
+    rope and sinusoidal 1/4 and 1/5 throughout."""
+    past = {0: (1.0, 0.9, 0.5, 0.1, 0.0), 1: (0.2, 0.9, 0.5, 0.1, 0.0)}
+    runs = [record("copy", enc, seed, 41, [(41, 1.0), (81, acc)])
+            for seed, accs in past.items() for enc, acc in zip(ENCODINGS, accs)]
+    lines = ENTRY.tables(ENTRY.measure(runs), 41)
+    by_seed = lines[lines.index("## Mean reciprocal rank past L, by seed"):]
+    assert "| encoding | pooled | seed 0 | seed 1 | lowest – highest |" in by_seed
+    for row in ("| nope | 0.50 | 1.00 | 0.33 | 0.33 – 1.00 |",
+                "| t5 | 1.00 | 0.50 | 1.00 | 0.50 – 1.00 |",
+                "| alibi | 0.33 | 0.33 | 0.50 | 0.33 – 0.50 |",
+                "| sinusoidal | 0.20 | 0.20 | 0.20 | 0.20 – 0.20 |"):
+        assert row in by_seed
+    copy = lines[lines.index("## copy: exact match by instance size over L"):]
+    assert "| nope | 1.000 (1.00–1.00) | 0.600 (0.20–1.00) |" in copy
+    # one seed: no seed table, and the cells are the means alone
+    one = ENTRY.tables(ENTRY.measure([r for r in runs if r["seed"] == 0]), 41)
+    assert "## Mean reciprocal rank past L, by seed" not in one
+    assert "| nope | 1.000 | 1.000 |" in one
 
 
 def test_the_entry_runs_at_a_toy_scale_through_the_cli(tmp_path):

@@ -186,6 +186,14 @@ class Reproduction:
         return out
 
     @classmethod
+    def per_seed(cls, measured: Measured) -> Dict[int, Measured]:
+        """seed -> the entry's measure of that seed's runs alone (measured.runs: the length and
+        score axes), for the distribution over seeds that a mean hides."""
+        records = [r for runs in measured.runs.values() for r in runs]
+        return {seed: cls.measure([r for r in records if r["seed"] == seed])
+                for seed in sorted({r["seed"] for r in records})}
+
+    @classmethod
     def owns(cls, records: List[dict]) -> List[str]:
         """The groups among the records that this entry does not compare."""
         return sorted({cls.group_of(r) for r in records} - set(cls.groups))

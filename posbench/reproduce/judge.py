@@ -110,21 +110,39 @@ def table(entry, measured: Measured, train_len: int, ratio: bool = False) -> Lis
     return lines
 
 
-def task_tables(measured: Measured, tasks, rows, what: str, head: str = "encoding") -> List[str]:
+def task_tables(measured: Measured, tasks, rows, what: str, head: str = "encoding",
+                seeds: Optional[Dict[int, Measured]] = None) -> List[str]:
     """Per task that was measured, a table of each row's score (`what`, e.g. "exact match by
-    instance size") at each x over L: the entries over tasks (`<task>/<row>` groups)."""
+    instance size") at each x over L: the entries over tasks (`<task>/<row>` groups). With
+    `seeds` (seed -> that seed's Measured) a cell whose group ran in more than one seed shows
+    its lowest and highest seed beside the mean: length generalization is seed-fragile, and the
+    highest is what papers that report the best seed quote."""
     lines = []
     for task in tasks:
         by_row = {r: measured.values.get(task_group(task, r), {}) for r in rows}
         xs = sorted({x for row in by_row.values() for x in row})
         if not xs:
             continue
-        lines += ["", f"## {task}: {what} over L", "",
-                  f"| {head} | " + " | ".join(f"{x:g}L" for x in xs) + " |",
+        ranged = seeds is not None and any(len(seed_values(seeds, task_group(task, r), x)) > 1
+                                           for r in rows for x in xs)
+        lines += ["", f"## {task}: {what} over L", ""]
+        if ranged:
+            lines += ["Each cell: the mean over seeds (its lowest – highest seed).", ""]
+        lines += [f"| {head} | " + " | ".join(f"{x:g}L" for x in xs) + " |",
                   "|---|" + "---:|" * len(xs)]
-        lines += [f"| {r} | " + " | ".join(f"{row[x]:.3f}" if x in row else "—" for x in xs)
-                  + " |" for r, row in by_row.items()]
+        for r, row in by_row.items():
+            cells = []
+            for x in xs:
+                per = seed_values(seeds, task_group(task, r), x) if ranged else []
+                cell = f"{row[x]:.3f}" if x in row else "—"
+                cells.append(cell + (f" ({min(per):.2f}–{max(per):.2f})" if len(per) > 1 else ""))
+            lines.append(f"| {r} | " + " | ".join(cells) + " |")
     return lines
+
+
+def seed_values(seeds: Dict[int, Measured], group: str, x: float) -> List[float]:
+    """Each seed's value of `group` at x, for the seeds that measured it."""
+    return [m.values[group][x] for m in seeds.values() if x in m.values.get(group, {})]
 
 
 def paired_tables(entry, measured: Measured, train_len: int) -> List[str]:

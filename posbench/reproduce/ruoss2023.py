@@ -129,5 +129,6 @@ class Ruoss2023(Reproduction):
             lines.append(f"| {base} | " + " | ".join("—" if g is None else f"{g:+.3f}"
                                                     for g in gains)
                          + f" | {mean} | {GAIN:+.3f} |")
-        lines += task_tables(measured, TASKS, ROWS, "token accuracy by instance size", head="row")
+        lines += task_tables(measured, TASKS, ROWS, "token accuracy by instance size", head="row",
+                             seeds=cls.per_seed(measured))
         return lines
