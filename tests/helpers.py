@@ -64,6 +64,18 @@ def composed(*overrides):
     return copy.deepcopy(_composition(overrides))
 
 
+def registered_encoding(name, n_head=4):
+    """Encoding `name` built from its registered config alone (two layers of width 32), without
+    composing a run's config: about 0.2 ms where a composition takes 0.2 s, for the lists that
+    parametrize tests at collection, which every pytest-xdist worker collects."""
+    from posbench.encodings import registry
+    from posbench.encodings.base import Dims
+
+    entry = registry()[name]
+    return entry.cls(copy.deepcopy(entry.config),
+                     Dims(n_layer=2, n_head=n_head, d_model=32, train_len=32, max_len=64))
+
+
 def random_encoding(name, n_head, n_layer=1, d_model=16, vocab=64):
     """A float64 encoding `name` as a small model builds it, its learned parameters drawn from a
     normal (they start at zero, where a learned bias would test nothing)."""

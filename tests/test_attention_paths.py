@@ -15,7 +15,7 @@ import posbench.attention.paths as attention
 import posbench.attention.lag_bias as lag_bias
 from posbench.attention.paths import attend, blockwise_attention
 from posbench.encodings import registry, transformer_xl
-from helpers import random_encoding
+from helpers import random_encoding, registered_encoding
 
 B, H, T, D = 3, 4, 50, 8
 
@@ -25,7 +25,7 @@ def encoding(name):
 
 
 # every encoding that declares its score_mod additive, so the CPU path fuses it as a float mask
-ADDITIVE = [name for name in sorted(registry()) if encoding(name).additive_score_mod]
+ADDITIVE = [name for name in sorted(registry()) if registered_encoding(name).additive_score_mod]
 
 
 def inputs(seed=0, dtype=torch.float64):
@@ -153,7 +153,7 @@ def test_learned_bias_in_a_later_block_starts_at_its_offset():
 
 # every encoding that takes FlexAttention on CUDA: a score_mod and no row or value hook
 FLEX = [name for name in sorted(registry()) if (lambda e: e.score_mod is not None
-        and e.row_mod is None and e.value_mod is None)(encoding(name))]
+        and e.row_mod is None and e.value_mod is None)(registered_encoding(name))]
 
 
 @pytest.mark.parametrize("name", FLEX)

@@ -10,12 +10,11 @@ import torch
 import posbench
 from posbench.encodings import registry
 from posbench.runs.train import make_optimizer
-from helpers import composed, random_encoding
+from helpers import composed, registered_encoding
 
 SMALL = ["model.n_layer=2", "model.d_model=64", "model.n_head=4", "train.seq_len=64"]
 WITH_PARAMETERS = [name for name in sorted(registry())
-                   if any(True for _ in random_encoding(name, 4, n_layer=2, d_model=32,
-                                                        vocab=256).parameters())]
+                   if any(True for _ in registered_encoding(name).parameters())]
 
 
 def build(*overrides):

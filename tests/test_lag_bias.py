@@ -13,7 +13,7 @@ import posbench
 import posbench.attention.lag_bias as lag_bias
 from posbench.attention.paths import attend, blockwise_attention
 from posbench.encodings import registry
-from helpers import composed
+from helpers import composed, registered_encoding
 
 B, H, T, D = 3, 4, 50, 8
 
@@ -29,13 +29,13 @@ def encoding(name):
     return enc
 
 
-LAG_ONLY = [name for name in sorted(registry()) if encoding(name).lag_only_bias]
+LAG_ONLY = [n for n in sorted(registry()) if registered_encoding(n, H).lag_only_bias]
 # encodings whose bias the CPU path reads by query row and lag at evaluation
-LAG_ROWS = [name for name in sorted(registry()) if encoding(name).lag_rows is not None]
+LAG_ROWS = [n for n in sorted(registry()) if registered_encoding(n, H).lag_rows is not None]
 # encodings whose score_mod is a decay e^{a lag} alone
-LAG_DECAY = [name for name in sorted(registry()) if encoding(name).lag_decay is not None]
+LAG_DECAY = [n for n in sorted(registry()) if registered_encoding(n, H).lag_decay is not None]
 # encodings whose bias is a row term and a low-rank term
-FACTORED = [name for name in sorted(registry()) if encoding(name).bias_factors is not None]
+FACTORED = [n for n in sorted(registry()) if registered_encoding(n, H).bias_factors is not None]
 
 
 def layer_input(enc, dtype=torch.float64):
@@ -122,8 +122,8 @@ def test_attend_through_the_lag_table_matches_the_dense_reference(name, train, m
             torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("name", [n for n in LAG_ONLY
-                                  if any(p.requires_grad for p in encoding(n).parameters())])
+@pytest.mark.parametrize("name", [n for n in LAG_ONLY if any(
+    p.requires_grad for p in registered_encoding(n, H).parameters())])
 def test_a_learned_table_in_one_masked_call_matches_the_dense_reference(name):
     """CUDA's training path for a learned bias of the lag (run here on the CPU, where SDPA takes
     the same mask): output and every gradient, the table's summed along the mask's diagonals."""
