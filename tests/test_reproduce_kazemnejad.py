@@ -207,6 +207,11 @@ def test_the_report_ranks_each_seed_on_its_own_runs_and_shows_the_seeds_range():
         assert row in by_seed
     copy = lines[lines.index("## copy: exact match by instance size over L"):]
     assert "| nope | 1.000 (1.00–1.00) | 0.600 (0.20–1.00) |" in copy
+    # a seed that has not run every encoding on a task ranks over the tasks it has
+    reverse = [record("reverse", enc, 0, 41, [(41, 1.0), (81, 0.5)]) for enc in ENCODINGS]
+    partial = ENTRY.tables(ENTRY.measure(runs + reverse), 41)
+    assert ("| encoding | pooled | seed 0 | seed 1 (1 of 2 tasks) | lowest – highest |"
+            in partial)
     # one seed: no seed table, and the cells are the means alone
     one = ENTRY.tables(ENTRY.measure([r for r in runs if r["seed"] == 0]), 41)
     assert "## Mean reciprocal rank past L, by seed" not in one

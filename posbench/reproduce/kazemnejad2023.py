@@ -134,13 +134,17 @@ class Kazemnejad2023(Reproduction):
 def seed_ranks(seeds, tasks, pooled) -> list:
     """Each seed's mean reciprocal rank from its own runs, over the tasks the pooled rank
     counts, beside the pooled one: whether one seed decides the order."""
-    by_seed = {seed: mean_reciprocal_ranks(m, tasks, ENCODINGS, 1.0, 2.0)[0]
-               for seed, m in seeds.items()}
+    ranked = {seed: mean_reciprocal_ranks(m, tasks, ENCODINGS, 1.0, 2.0)
+              for seed, m in seeds.items()}
+    by_seed = {seed: mrr for seed, (mrr, _, _) in ranked.items()}
+    # a seed whose sweep is not finished ranks over the tasks it has for every encoding
+    heads = [f"seed {s}" + (f" ({len(tasks) - len(skipped)} of {len(tasks)} tasks)"
+                            if skipped else "") for s, (_, skipped, _) in ranked.items()]
     lines = ["", "## Mean reciprocal rank past L, by seed", "",
              "Each seed ranks the encodings on its own runs, over the same tasks; the pooled "
              "rank above is of the means over seeds.", "",
-             "| encoding | pooled | " + " | ".join(f"seed {s}" for s in by_seed)
-             + " | lowest – highest |", "|---|" + "---:|" * (len(by_seed) + 2)]
+             "| encoding | pooled | " + " | ".join(heads) + " | lowest – highest |",
+             "|---|" + "---:|" * (len(by_seed) + 2)]
     for e in ENCODINGS:
         per = [by_seed[s].get(e) for s in by_seed]
         known = [v for v in per if v is not None]
