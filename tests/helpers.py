@@ -72,8 +72,8 @@ def registered_encoding(name, n_head=4):
     from posbench.encodings.base import Dims
 
     entry = registry()[name]
-    return entry.cls(copy.deepcopy(entry.config),
-                     Dims(n_layer=2, n_head=n_head, d_model=32, train_len=32, max_len=64))
+    return entry.cls(entry.config, Dims(n_layer=2, n_head=n_head, d_model=32, train_len=32,
+                                        max_len=64))
 
 
 def random_encoding(name, n_head, n_layer=1, d_model=16, vocab=64):

@@ -123,17 +123,17 @@ def task_tables(measured: Measured, tasks, rows, what: str, head: str = "encodin
         xs = sorted({x for row in by_row.values() for x in row})
         if not xs:
             continue
-        ranged = seeds is not None and any(len(seed_values(seeds, task_group(task, r), x)) > 1
-                                           for r in rows for x in xs)
+        per_seed = {(r, x): seed_values(seeds, task_group(task, r), x)
+                    for r in rows for x in xs} if seeds else {}
         lines += ["", f"## {task}: {what} over L", ""]
-        if ranged:
+        if any(len(values) > 1 for values in per_seed.values()):
             lines += ["Each cell: the mean over seeds (its lowest – highest seed).", ""]
         lines += [f"| {head} | " + " | ".join(f"{x:g}L" for x in xs) + " |",
                   "|---|" + "---:|" * len(xs)]
         for r, row in by_row.items():
             cells = []
             for x in xs:
-                per = seed_values(seeds, task_group(task, r), x) if ranged else []
+                per = per_seed.get((r, x), [])
                 cell = f"{row[x]:.3f}" if x in row else "—"
                 cells.append(cell + (f" ({min(per):.2f}–{max(per):.2f})" if len(per) > 1 else ""))
             lines.append(f"| {r} | " + " | ".join(cells) + " |")
