@@ -1,5 +1,6 @@
 """Experiment presets (conf/experiment/, Hydra's `# @package _global_` pattern): what they set, and
-that `-m +experiment=quick` sweeps the core encodings, and the rows of the encodings_2025 study."""
+that `-m +experiment=quick` sweeps the core encodings, and the rows of the encodings_2025 and
+retrieval_2025 studies."""
 import math
 from pathlib import Path
 
@@ -102,5 +103,37 @@ def test_each_encodings_2025_row_is_its_encoding_with_only_its_knob(row):
     encoding, knobs = ROWS_2025[row]
     assert {k: cfg.encoding.get(k) for k in encoding} == encoding
     assert {k: cfg.model[k] for k in KNOBS_OFF} == {**KNOBS_OFF, **knobs}
+    model = posbench.build_model(cfg, 256)  # the row passes its checks and builds
+    assert model(torch.zeros(1, 8, dtype=torch.long)).shape[-1] == 256
+
+
+# +experiment=retrieval_2025: each row and what it must compose into (encoding, model, switch)
+ROWS_RETRIEVAL = {**{name: (name, False, None) for name in CORE + ["irope", "rnope_swa"]},
+                  "drope": ("rope", True, 0.875)}
+
+
+def test_retrieval_2025_sweeps_every_row_file_at_the_ruler_budget():
+    params = with_hydra("retrieval_2025").hydra.sweeper.params
+    rows = params["retrieval_2025"].split(",")
+    files = Path(posbench.__file__).parent / "conf" / "retrieval_2025"
+    assert sorted(rows) == sorted(p.stem for p in files.glob("*.yaml")) == sorted(ROWS_RETRIEVAL)
+    assert params.seed == "0,1,2"
+    cfg, ruler = posbench.compose(["+experiment=retrieval_2025"]), posbench.compose([]).eval.ruler
+    # every task trained is scored, the aggregation tasks beside RULER's ten default ones
+    tasks = list(ruler.tasks) + ["cwe", "fwe"]
+    assert list(cfg.train.ruler_tasks) == list(cfg.eval.ruler.tasks) == tasks
+    assert cfg.train.ruler_mix == 0.5 and cfg.eval.ruler.enabled
+    # past the 6000 steps of 16 at L = 128 that taught the tiny model every task (results.md)
+    assert (cfg.train.seq_len, cfg.train.batch_size, cfg.model.d_model) == (128, 16, 128)
+    assert cfg.train.steps > 6000
+    assert max(cfg.eval.lengths) == 16 * 128 and max(cfg.eval.ruler.lengths) == 4 * 128
+
+
+@pytest.mark.parametrize("row", list(ROWS_RETRIEVAL))
+def test_each_retrieval_2025_row_is_its_encoding_and_only_drope_switches(row):
+    cfg = posbench.compose(["+experiment=retrieval_2025", f"retrieval_2025={row}"])
+    name, qk_norm, switch = ROWS_RETRIEVAL[row]
+    assert (cfg.encoding.name, cfg.model.qk_norm, cfg.train.switch_encoding_at) == \
+        (name, qk_norm, switch)
     model = posbench.build_model(cfg, 256)  # the row passes its checks and builds
     assert model(torch.zeros(1, 8, dtype=torch.long)).shape[-1] == 256
