@@ -1,6 +1,6 @@
 """Axes of the perplexity and step plots, read from matplotlib's Axes (not pixels): a log
 perplexity axis labelled with plain numbers across the data, whole fine-tuning steps, and inspect
-panels whose titles clear the panel above."""
+panels whose titles clear the panel above; per-position plots at plain powers of two."""
 import re
 
 import pytest
@@ -65,6 +65,15 @@ def test_log_ticks_span_the_range(lo, hi):
     ticks = plots.log_ticks(lo, hi)
     assert 3 <= len(ticks) <= 8 and all(lo <= t <= hi for t in ticks)
     assert ticks[0] <= lo * (hi / lo) ** 0.5 <= ticks[-1]
+
+
+def test_per_position_positions_are_plain_powers_of_two_across_the_windows(tmp_path, drawn):
+    bins = {"start": [0, 2, 6, 14, 30], "end": [2, 6, 14, 30, 62],
+            "loss": [3.0, 2.0, 1.5, 1.4, 2.5]}
+    plots.plot_per_position([{"length": 62, "per_position": bins}], 32, tmp_path / "pp.png")
+    ticks = labels(drawn[0].axes[0].xaxis)
+    # the bins' midpoints run from 1.5 to 46.5: every power of two between, written plainly
+    assert ticks == ["2", "4", "8", "16", "32"], ticks
 
 
 def test_eval_vs_step_has_whole_steps_and_plain_log_ppl(tmp_path, drawn):
