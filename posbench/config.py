@@ -212,6 +212,13 @@ def register_schemas() -> None:
     ConfigStore.instance().store(name="posbench_schema", node=schema())
 
 
+# Hydra 1.3 deep-copies its config repository, and with it the ConfigStore and every node stored
+# in it, once per composition and once per config group that `--help` lists (about 130: seconds).
+# The store is one per process and a copy of it is never changed, so copies share it, as Hydra's
+# later sources do by reading the live store (facebookresearch/hydra PR 2928, not in 1.3.x)
+ConfigStore.__deepcopy__ = lambda self, memo: self
+
+
 # Hydra merges conf/encoding/NAME.yaml into the ConfigStore schema called encoding/NAME (see
 # register_target_schema), and warns in four lines that this matching is deprecated (Hydra 1.3
 # still does it, and nothing else types a config file without a defaults list in it)

@@ -67,3 +67,21 @@ def test_a_misspelt_value_or_key_is_refused_with_the_closest_option(override, su
     proc = run_in_process(["train", override], monkeypatch, capsys)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     assert f"(did you mean {suggestion}?)" in proc.stderr
+
+
+def test_hydras_copies_of_its_config_repository_share_the_one_config_store():
+    """posbench.config lets Hydra's copies of its config repository (one per composition, one per
+    group that --help lists) share the ConfigStore rather than copy it: a copy made before a node
+    is stored finds that node, as a copy reading the live store would."""
+    from hydra._internal.config_repository import CachingConfigRepository, ConfigRepository
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.config_store import ConfigStore
+
+    search_path = create_config_search_path("pkg://posbench.conf")
+    copy = CachingConfigRepository(ConfigRepository(search_path))
+    store = ConfigStore.instance()
+    store.store(group="encoding", name="stored_after_the_copy", node={"name": "rope"})
+    try:
+        assert copy.load_config("encoding/stored_after_the_copy").config.name == "rope"
+    finally:
+        del store.repo["encoding"]["stored_after_the_copy.yaml"]
