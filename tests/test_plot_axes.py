@@ -114,3 +114,6 @@ def test_inspect_titles_clear_the_panel_above(tmp_path, drawn):
                 if text.get_text():
                     assert not title.overlaps(text.get_window_extent(renderer)), \
                         (ax.get_title(), text.get_text())
+    # the lags at the bins' starts, written plainly; the 32-token column reaches the bin of 16
+    assert labels(fig.axes[0].xaxis) == ["0", "1", "2", "4", "8", "16"]
+    assert labels(fig.axes[1].xaxis) == ["0", "1", "2", "4", "8", "16", "32", "64"]

@@ -26,7 +26,7 @@ from posbench.core.errors import ConfigError
 from posbench.data import prepare
 from posbench.evaluations.perplexity import eval_plan
 from posbench.core.io import write_json
-from posbench.core.plots import pyplot, save_figure
+from posbench.core.plots import plain_length_axes, pyplot, save_figure
 from posbench.core.device import resolve_device
 from posbench.runs.run import trained_model
 
@@ -219,10 +219,11 @@ def plot_attention(summary: dict, train_len: int, path: Path) -> None:
             ax.axvline(train_len, color="gray", linestyle="--")
             ax.set_xscale("symlog", base=2, linthresh=1)
             ax.set_xlim(left=0)
+            plain_length_axes(ax, starts[:shown], log_y=False)  # 0, 1, 2, 4: not 2^k
             ax.set_title(f"layer {layer}, length {point['length']}", fontsize=9)
             ax.set_xlabel("lag (bin [x, 2x); dashed: train length)", fontsize=8)
             ax.set_ylabel("mean attention mass", fontsize=8)
-            ax.grid(True, which="both", alpha=0.3)
+            ax.grid(True, which="major", alpha=0.3)
             ax.legend(fontsize=6)
     save_figure(plt, fig, path)
 
@@ -246,6 +247,7 @@ def plot_by_length(summary: dict, train_len: int, path: Path) -> None:
                             label=f"layer {layer}" if head == 0 else None)
         ax.axvline(train_len, color="gray", linestyle="--")
         ax.set_xscale("log", base=2)
+        plain_length_axes(ax, [p["length"] for p in points] + [train_len], log_y=False)
         ax.set_xlabel("inspected length (dashed: train length)", fontsize=8)
         ax.set_ylabel(label, fontsize=8)
         ax.grid(True, alpha=0.3)
