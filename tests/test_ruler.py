@@ -64,10 +64,27 @@ def config(**values):
     return dataclasses.replace(defaults(), **values)
 
 
-def at_depth(depth, hay, unit):
-    """The boundary (a multiple of unit, or the haystack's end) nearest depth x hay, the lower
-    at a tie."""
-    return min({*range(0, hay + 1, unit), hay}, key=lambda b: (abs(b - depth * hay), b))
+SPACE = b" \t\n\r\x0b\x0c"
+
+
+def boundaries(hay: bytes, haystack: str, unit: int) -> set:
+    """Where a needle may go in a haystack (its bytes, needles cut out): between whole units,
+    counted back from its end, for noise and needles; between words and at the edges of text;
+    anywhere in a blank one."""
+    n = len(hay)
+    if haystack == "text":
+        return {0, n} | {b for b in range(1, n) if hay[b - 1] in SPACE or hay[b] in SPACE}
+    return set(range(n % unit, n + 1, unit))
+
+
+def at_depth(depth, bounds, n):
+    """The boundary nearest depth x n, the lower at a tie."""
+    return min(bounds, key=lambda b: (abs(b - depth * n), b))
+
+
+def repeated_to_its_end(hay: bytes, unit: bytes) -> bool:
+    """hay is copies of unit after the cut end of one: its last unit whole."""
+    return hay == (unit * (len(hay) // len(unit) + 1))[len(unit) - len(hay) % len(unit):]
 
 
 def parse(row):
@@ -134,20 +151,22 @@ def test_each_niah_preset_plants_its_needles_at_their_depth_and_asks_for_them(
             unit = len(NOISE) if haystack == "noise" else 1
         hay = without(ctx, planted)
         if haystack == "noise":
-            assert hay == (NOISE * len(hay))[:len(hay)]
+            assert repeated_to_its_end(hay, NOISE)
         elif haystack == "blank":
             assert hay == b" " * len(hay)
         elif haystack == "text":
             assert hay in val_text  # one stretch of a validation document
-        else:  # whole needles, the last one cut at the haystack's end
-            tail = len(hay) % unit
-            assert len(NEEDLE.findall(hay[:len(hay) - tail])) == len(hay) // unit
-        # depth: the first answer's needle; the others at boundaries (a multivalue key's after)
+        else:  # whole needles after the cut end of one: the one before the query whole
+            cut = len(hay) % unit
+            assert NEEDLE.sub(b"", hay[cut:]) == b"" and not NEEDLE.search(hay[:cut])
+        # depth: the first answer's needle; every needle at a boundary (a multivalue key's after
+        # the first): never inside a unit or a word
+        bounds = boundaries(hay, haystack, unit)
         first = next(s for s, _, k, v in needles if k == asked[0] and v == given[asked[0]][0])
-        assert filler_before(first, planted) == at_depth(depth, len(hay), unit)
+        assert filler_before(first, planted) == at_depth(depth, bounds, len(hay))
         for s, _ in planted:
             offset = filler_before(s, planted)
-            assert offset % unit == 0 or offset == len(hay)
+            assert offset in bounds
             if n_values > 1:
                 assert offset >= filler_before(first, planted)
 
@@ -193,9 +212,11 @@ def test_variable_tracking_asks_for_every_name_bound_to_the_value(vocab, chains,
         assert [y for _, _, x, y in statements if x in bound] == [value] + names[:-1]
         spans = [(s, e) for s, e, _, _ in statements]
         hay = without(ctx, spans)
-        assert hay == (NOISE * len(hay))[:len(hay)]
+        assert repeated_to_its_end(hay, NOISE)
+        bounds = boundaries(hay, "noise", len(NOISE))
         assert filler_before(statements[lhs.index(names[0])][0], spans) == \
-            at_depth(depth, len(hay), len(NOISE))
+            at_depth(depth, bounds, len(hay))
+        assert all(filler_before(s, spans) in bounds for s, _ in spans)
         np.testing.assert_array_equal(
             inst.scored, [c not in b", " for c in answer])
         removed = bytes(inst.removed.astype(np.uint8))
@@ -486,7 +507,7 @@ RULER = ["eval.ruler.enabled=true", "eval.ruler.lengths=[128]", "eval.ruler.dept
 def test_train_scores_every_task_and_a_rescore_gives_the_same_cells(tmp_path):
     proc = posbench_cli("train", *TOY, *RULER, "hydra.run.dir=run", cwd=tmp_path)
     r = results(tmp_path / "run")["eval"]["ruler"]
-    assert list(r["tasks"]) == DEFAULT_TASKS and r["format"] == 1
+    assert list(r["tasks"]) == DEFAULT_TASKS and r["format"] == 2
     assert r["units"] == "bits per answer token" and r["counts"]["queries"] == 2
     for task in r["tasks"].values():
         assert [(c["length"], c["depth"]) for c in task["grid"]] == [(128, 0.0), (128, 1.0)]

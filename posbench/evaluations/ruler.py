@@ -228,8 +228,8 @@ def evaluate_ruler(model, tasks: Dict[str, Task], cfg: RulerConfig, eval_cfg, tr
 
 
 def average(tasks: Dict[str, dict]) -> List[dict]:
-    """Per length, the mean over tasks of their by_length scores (RULER's average), where every
-    task has them."""
+    """Per length, the mean over the tasks scored of their by_length scores, where every task
+    has them (RULER's average is over its own tasks: niah_control, where scored, is in this one)."""
     out = []
     lengths = sorted({p["length"] for t in tasks.values() for p in t["by_length"]})
     for length in lengths:

@@ -20,13 +20,19 @@ name of an instance is distinct. Haystacks: `noise` (one sentence of no use repe
 stretch of one validation document of the run's corpus), `needle` (needles of the same form
 with other keys and values) and `blank` (one token repeated: no content at all).
 
-Depth: the needle of the first answer sits after round-to-nearest(depth x F) tokens of the F
-haystack tokens (ties to the lower; over noise and needle haystacks, at the unit boundary
-nearest to it, units being whole sentences or needles); depth 0 is the haystack's start, 1 just
-before the query. The other needles lie at uniform random boundaries, except that a multi-value
-key's other values and a chain's later assignments lie at or after the first (answers follow
-the text's order there). Each (seed, task, length, depth, trial) has its own generator, so every
-encoding and every run scores the same sequences.
+Needles go between the haystack's units, as RULER's go between its sentences or needles:
+noise and needle haystacks are whole units (sentences, needles) after the cut end of one at the
+window's start (a window begins mid-stream, as a text window does), so that no needle splits one
+and the last unit before the query is whole; a text haystack's boundaries are its edges and the
+gaps between words (a token ending, or the next one starting, with whitespace); a blank's are
+every token. Depth: the needle of the first answer sits at the boundary nearest depth x F of
+the F haystack tokens (the lower at a tie); depth 0 is the haystack's first boundary, 1 its end,
+just before the query. RULER places every needle at random and has no depth axis; here the other
+needles lie at uniform random boundaries, except that a multi-value key's other values and a
+chain's later assignments lie at or after the first (answers follow the text's order there).
+Several needles may share a boundary (at 128 tokens vt's haystack is 8 tokens). Each (seed,
+task, length, depth, trial) has its own generator, so every encoding and every run scores the
+same sequences.
 """
 from __future__ import annotations
 
@@ -40,7 +46,8 @@ from posbench.core.errors import ConfigError
 from posbench.data.base import dataset_config
 from posbench.data.tokenize import Tokenizer
 
-FORMAT = 1  # bump when an instance's format changes: results.json records it
+FORMAT = 2  # bump when an instance's format changes: results.json records it
+# 2: needles between whole units and whole words (1 cut the last unit and planted mid-word)
 SAMPLE = 1 << 24  # validation tokens read to find which tokens of each kind occur
 
 # the formats' pieces, each encoded by the run's tokenizer
@@ -51,6 +58,7 @@ VT_ASK = "\nwhich vars are "
 SEP, HYPHEN = ", ", "-"
 NOISE = "the hills are quiet and the river runs slow. "  # the noise haystack's sentence
 BLANK = " "  # the blank haystack's token (its first, should the tokenizer split it)
+SPACE = b" \t\n\r\x0b\x0c"  # a text haystack's needles go next to these bytes
 UUID_GROUP = 4  # uuid tokens between hyphens
 
 # the characters of each kind of drawn token
@@ -128,6 +136,12 @@ class Vocabulary:
             self.encode = lambda text: bpe.encode_batch([text])[0].astype(np.int64)
             spelled = {int(bpe.ids[r]): bpe.encoding.decode_single_token_bytes(r)
                        for r in range(bpe.encoding.n_vocab)}
+        # a text haystack's word gaps: tokens ending, or starting, with whitespace
+        size = max(data.vocab_size, max(spelled) + 1)
+        self.space_after, self.space_before = np.zeros(size, bool), np.zeros(size, bool)
+        for i, b in spelled.items():
+            if b:
+                self.space_after[i], self.space_before[i] = b[-1] in SPACE, b[0] in SPACE
         self.spelled = {}  # id -> bytes, of the tokens drawn from
         self.alphabets = {}
         for kind, chars in CHARSETS.items():
@@ -265,9 +279,13 @@ class Task:
         return length + 1 - self.fixed()
 
     def unit(self) -> int:
-        """The haystack's unit: needles are planted at multiples of it (and at its end)."""
+        """The haystack's unit: the noise sentence, a needle, or one token (text, blank)."""
         return {"noise": len(self.pieces[NOISE]), "needle": self.needle_size()}.get(
             self.preset.haystack, 1)
+
+    def phase(self, hay: int) -> int:
+        """Where in its unit the haystack starts, so that its `hay` tokens end with a whole one."""
+        return -hay % self.unit()
 
     def demand(self, length: int) -> Dict[str, int]:
         """Distinct items of each kind an instance at `length` draws."""
@@ -280,7 +298,8 @@ class Task:
             add(p.key, self.n_keys)
             add(p.value, self.n_keys * self.n_values)
             if p.haystack == "needle":
-                hay = -(-(self.haystack_size(length) + self.removed()) // self.unit())
+                size = self.haystack_size(length)
+                hay = -(-(self.phase(size) + size + self.removed()) // self.unit())
                 add(p.key, hay)
                 add(p.value, hay)
         return need
@@ -347,38 +366,47 @@ class Task:
     def needle(self, key: np.ndarray, value: np.ndarray) -> np.ndarray:
         return np.concatenate([self.pieces[KEY], key, self.pieces[IS], value, self.pieces[STOP]])
 
-    def haystack(self, rng: np.random.Generator, n: int, taken: set,
+    def haystack(self, rng: np.random.Generator, n: int, extra: int, taken: set,
                  split: str = "val") -> np.ndarray:
-        kind = self.preset.haystack
+        """n haystack tokens ending with a whole unit, and `extra` more for the sequence without
+        the answer's needles (the haystack runs on into their place)."""
+        kind, start = self.preset.haystack, self.phase(n)
         if kind == "blank":
-            return np.repeat(self.vocab.blank, n)
+            return np.repeat(self.vocab.blank, n + extra)
         if kind == "text":
-            return self.vocab.text(rng, n, split)
+            return self.vocab.text(rng, n + extra, split)
+        count = -(-(start + n + extra) // self.unit())
         if kind == "noise":
-            return np.tile(self.pieces[NOISE], -(-n // self.unit()))[:n]
-        count = -(-n // self.unit())  # needles: of other keys and values
-        keys = self.draw(rng, self.preset.key, count, taken)
+            return np.tile(self.pieces[NOISE], count)[start:start + n + extra]
+        keys = self.draw(rng, self.preset.key, count, taken)  # needles of other keys and values
         values = self.draw(rng, self.preset.value, count, taken)
         return np.concatenate([self.needle(k, v) for (k, _), (v, _) in zip(keys, values)]
-                              + [np.zeros(0, dtype=np.int64)])[:n]
+                              )[start:start + n + extra]
 
-    def boundaries(self, n: int) -> np.ndarray:
-        """The offsets a needle may be planted at in a haystack of n tokens."""
-        return np.unique(np.append(np.arange(0, n + 1, self.unit()), n))
+    def boundaries(self, hay: np.ndarray, n: int) -> np.ndarray:
+        """The offsets a needle may be planted at among the first n tokens of `hay`: between
+        whole units, or (text) between words and at the edges."""
+        if self.preset.haystack != "text":
+            return np.arange(n % self.unit(), n + 1, self.unit())
+        inner = np.flatnonzero(self.vocab.space_after[hay[:n - 1]]
+                               | self.vocab.space_before[hay[1:n]]) + 1
+        return np.unique(np.concatenate([[0], inner, [n]]))
 
-    def at_depth(self, depth: float, n: int) -> int:
+    @staticmethod
+    def at_depth(depth: float, bounds: np.ndarray, n: int) -> int:
         """The boundary nearest depth x n (the lower at a tie)."""
-        b = self.boundaries(n)
-        return int(b[np.argmin(np.abs(b - depth * n))])
+        return int(bounds[np.argmin(np.abs(bounds - depth * n))])
 
     def make(self, rng: np.random.Generator, length: int, depth: float,
              split: str = "val") -> Instance:
         """One instance; a text haystack from documents of `split` (train: the training mix's)."""
         taken: set = set()
-        placed, query, answers = (self._chain if self.preset.chain else self._needles)(
-            rng, length, depth, taken)
         hay_size = self.haystack_size(length)
-        hay = self.haystack(rng, hay_size + self.removed(), taken, split)
+        hay = self.haystack(rng, hay_size, self.removed(), taken, split)
+        bounds = self.boundaries(hay, hay_size)
+        first = self.at_depth(depth, bounds, hay_size)
+        placed, query, answers = (self._chain if self.preset.chain else self._needles)(
+            rng, bounds, first, taken)
         tail = [query, np.concatenate([a for a, _ in answers])]
         row = self._assemble(hay[:hay_size], placed, tail)
         removed = self._assemble(hay, [p for p in placed if not p.answer], tail)
@@ -406,15 +434,13 @@ class Task:
             out.append(item)
         return out
 
-    def _needles(self, rng, length, depth, taken):
-        """niah: keys with their values, the asked keys' needles holding the answer."""
+    def _needles(self, rng, bounds, first, taken):
+        """niah: keys with their values, the asked keys' needles holding the answer, the first
+        answer's at offset `first` and the others at `bounds`."""
         p = self.preset
         keys = self.draw(rng, p.key, self.n_keys, taken)
         values = [self.draw(rng, p.value, self.n_values, taken) for _ in range(self.n_keys)]
         asked = [int(i) for i in rng.permutation(self.n_keys)[:self.n_asked]]
-        hay = self.haystack_size(length)
-        bounds = self.boundaries(hay)
-        first = self.at_depth(depth, hay)
         placed = []
         for k in range(self.n_keys):
             for j in range(self.n_values):
@@ -441,14 +467,12 @@ class Task:
             answer += self._joined([values[k][j] for _, _, j in mine])
         return [p for p, _, _ in placed], query, answer
 
-    def _chain(self, rng, length, depth, taken):
-        """vt: chains X0 = V, X1 = X0, ...; chain 0 asked, every name of it the answer."""
+    def _chain(self, rng, bounds, first, taken):
+        """vt: chains X0 = V, X1 = X0, ...; chain 0 asked, every name of it the answer, its first
+        assignment at offset `first`."""
         c, hops = self.cfg.chains, self.cfg.hops
         names = self.draw(rng, "names", c * (hops + 1), taken)
         values = self.draw(rng, "numbers", c, taken)
-        hay = self.haystack_size(length)
-        bounds = self.boundaries(hay)
-        first = self.at_depth(depth, hay)
         placed = []
         for chain in range(c):
             mine = names[chain * (hops + 1):(chain + 1) * (hops + 1)]

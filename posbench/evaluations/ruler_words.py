@@ -24,7 +24,8 @@ fwe: the word of rank r = 1, 2, ... occurs floor(N r^-alpha / zeta(alpha)) times
 fixed rather than drawn), the word of rank 1 being the noise "..." (RULER's vocab[0]), and the
 `frequent` (RULER: 3) words of the ranks after it are asked. N is the largest whose list fits the
 window and under which every asked word occurs more often than the rank after the asked ones:
-RULER takes the largest that fits, and at its lengths no two of those ranks tie, while at
+RULER steps N up by length // 32 words until the list passes the window and takes the step
+before (the largest to within a step), and at its lengths no two of those ranks tie, while at
 posbench's they can (at N = 42 ranks 4 and 5 occur once each). RULER's vocabulary of
 length // 50 coded words is more than get a count at any of its lengths; here every rank with a
 count is a word.
