@@ -17,7 +17,7 @@ import posbench
 from helpers import posbench_cli, results, run_in_process, wandb_history, TOY
 from posbench.data import prepare
 from posbench.evaluations import longppl_cache
-from posbench.evaluations.longppl import LongPPL, choose_keys, window_rows
+from posbench.evaluations.longppl import LongPPL, choose_keys, report_lines, window_rows
 from posbench.evaluations.longppl_cache import FOLDER, key_path, key_text, read, write
 from posbench.model.transformer import build_model
 
@@ -498,3 +498,23 @@ def test_an_evaluator_of_another_corpus_or_tokenizer_is_refused(trained, tmp_pat
     assert line.startswith("posbench: eval.longppl.evaluator='judge' is not accepted") or \
         "eval.longppl.evaluator='judge' is not accepted" in line, line
     assert refusal in line, line
+
+
+def test_the_run_table_names_each_runs_key_tokens_where_runs_chose_them_differently():
+    def run(block, loss):
+        point = {"length": 64, "tokens": 100, "key_tokens": 4, "fraction": 0.04, "loss": loss,
+                 "longppl": math.exp(loss), "ppl": 9.0}
+        return {"eval": {"longppl": {"units": "nats", "alpha": 2.0, "beta": 2.0, "trunc_len": 16,
+                                     "block": block, "evaluator": None, "by_length": [point]}}}
+
+    same = report_lines([run(1, 1.0), run(1, 0.5)], {0: "rope", 1: "alibi"})
+    assert "chosen by the run itself, trunc_len=16, block=1, alpha=2, beta=2." in same[1]
+    assert same[3] == "| run | 64 |"
+    # another block is another short context, so other key tokens: each row says its own
+    mixed = report_lines([run(1, 1.0), run(16, 0.5)], {0: "rope", 1: "alibi"})
+    assert mixed[3] == "| run | 64 | key tokens |"
+    assert mixed[5:] == [
+        f"| rope | 9.000 / {math.exp(1.0):.3f} (4) | by the run itself, trunc_len=16, block=1, "
+        "alpha=2, beta=2 |",
+        f"| alibi | 9.000 / {math.exp(0.5):.3f} (4) | by the run itself, trunc_len=16, "
+        "block=16, alpha=2, beta=2 |"]

@@ -202,7 +202,7 @@ def test_longppl_by_group_tables_key_tokens_and_plots_it_beside_perplexity(tmp_p
     write_report(tmp_path)
     summary = (tmp_path / "summary.md").read_text()
     (table,) = tables_after(summary, "LongPPL across groups", 1).values()
-    assert "key tokens chosen by the run itself, trunc_len=32, alpha=2, beta=2" in summary
+    assert "key tokens chosen by the run itself, trunc_len=32, block=1, alpha=2, beta=2" in summary
     assert table[0] == ["group", "32 (L)", "64", "128"]
     assert [row[0] for row in table[1:]] == ["alibi", "rope"]
     left, right = drawn["longppl_by_group.png"].axes

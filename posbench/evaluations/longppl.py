@@ -11,8 +11,10 @@ token when
 
     loss_short(i) - loss_long(i) > alpha   and   loss_long(i) < beta          (nats)
 
-as the official `longppl` package's find_key_token keeps it (its LSD > alpha and LCL > -beta
-with log-probabilities: its beta is -2, ours the loss bound 2). A target whose short context
+as the official `longppl` package's find_key_token keeps it (in its terms LSD > alpha and
+LCL > beta, LCL a log-probability and beta = -2; here beta bounds the loss, so 2). Its short
+context is the raw tokens; here, under dataset.bos, BOS takes the first of them, as at the
+start of every window the model was trained on. A target whose short context
 would reach back to the window's start (at most trunc_len tokens before it) is never one: its two
 contexts are one. LongPPL(n) = exp(the evaluated run's
 mean long-context loss over the key tokens), reported beside ppl(n), with the count of key
@@ -396,6 +398,13 @@ def chooser(result: dict) -> str:
     return "the run itself" if result.get("evaluator") is None else result["evaluator"]
 
 
+def settings(result: dict) -> str:
+    """How a run's key tokens were chosen: by which run, with which short contexts and bounds
+    (runs that differ here were scored on different tokens)."""
+    return (f"by {chooser(result)}, trunc_len={result['trunc_len']}, "
+            f"block={result.get('block', 1)}, alpha={result['alpha']:g}, beta={result['beta']:g}")
+
+
 def _cell(p: Optional[dict]) -> str:
     if p is None:
         return "—"
@@ -412,13 +421,17 @@ def report_lines(runs: List[dict], labels: dict) -> List[str]:
     if not scored:
         return []
     lengths = sorted({p["length"] for _, r in scored for p in r["by_length"]})
-    first = scored[0][1]
-    lines = ["", f"LongPPL: perplexity / perplexity on the key tokens only (their count), by "
-             f"length; key tokens: a loss lower by > alpha={first['alpha']:g} nats with the "
-             f"whole window than with the last trunc_len={first['trunc_len']} tokens, and "
-             f"below beta={first['beta']:g} nats, chosen by {chooser(first)}.", "",
-             "| run | " + " | ".join(map(str, lengths)) + " |", "|---|" + "---:|" * len(lengths)]
+    hows = {settings(r) for _, r in scored}
+    one = len(hows) == 1  # else each row says how its key tokens were chosen
+    lines = ["", "LongPPL: perplexity / perplexity on the key tokens only (their count), by "
+             "length; key tokens: a loss lower by > alpha nats with the whole window than with "
+             "a short context of the last trunc_len tokens (`block` targets sharing one), and "
+             "below beta nats, chosen " + (f"{next(iter(hows))}." if one else
+                                           "as each run's last column says."), "",
+             "| run | " + " | ".join(map(str, lengths)) + " |" + ("" if one else " key tokens |"),
+             "|---|" + "---:|" * len(lengths) + ("" if one else "---|")]
     for label, r in scored:
         found = {p["length"]: p for p in r["by_length"]}
-        lines.append(f"| {label} | " + " | ".join(_cell(found.get(n)) for n in lengths) + " |")
+        lines.append(f"| {label} | " + " | ".join(_cell(found.get(n)) for n in lengths) + " |"
+                     + ("" if one else f" {settings(r)} |"))
     return lines

@@ -20,6 +20,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from posbench.core.plots import (draw_curve, legend_beside, plain_length_axes, pyplot,
                                  save_figure)
+from posbench.evaluations.longppl import settings
 from posbench.reports.stats import BAND, mean_band
 
 RULER_PLOT, LONGPPL_PLOT = "ruler_by_group.png", "longppl_by_group.png"
@@ -176,14 +177,6 @@ def plot_ruler(panels: Dict[str, Dict[str, Seeds]], what: str, train_of: Dict[st
 
 
 # ---- LongPPL -----------------------------------------------------------------------------------
-
-def settings(result: dict) -> str:
-    """How a run's key tokens were chosen."""
-    evaluator = result.get("evaluator")
-    return (f"by {'the run itself' if evaluator is None else evaluator}, "
-            f"trunc_len={result['trunc_len']}, alpha={result['alpha']:g}, "
-            f"beta={result['beta']:g}")
-
 
 def longppl(root: Path, groups: Dict[str, List[dict]], train_of: Dict[str, int]
             ) -> Tuple[List[str], bool]:
