@@ -86,12 +86,19 @@ ROWS_2025 = {
 KNOBS_OFF = {"attn_gate": "none", "attn_sinks": False, "decoupled_rope": False}
 
 
-def test_encodings_2025_sweeps_every_row_file_at_the_default_study_setting():
-    params = with_hydra("encodings_2025").hydra.sweeper.params
-    rows = params["+encodings_2025"].split(",")
-    files = Path(posbench.__file__).parent / "conf" / "encodings_2025"
-    assert sorted(rows) == sorted(p.stem for p in files.glob("*.yaml")) == sorted(ROWS_2025)
+def assert_sweeps_every_row_file_over_3_seeds(experiment, group, rows, param=None):
+    """The study sweeps each file of conf/<group> as a row (its sweep param `param`, default
+    the group), and seeds 0, 1, 2."""
+    params = with_hydra(experiment).hydra.sweeper.params
+    files = Path(posbench.__file__).parent / "conf" / group
+    assert sorted(params[param or group].split(",")) == \
+        sorted(p.stem for p in files.glob("*.yaml")) == sorted(rows)
     assert params.seed == "0,1,2"
+
+
+def test_encodings_2025_sweeps_every_row_file_at_the_default_study_setting():
+    assert_sweeps_every_row_file_over_3_seeds("encodings_2025", "encodings_2025", ROWS_2025,
+                                              param="+encodings_2025")
     default, study = posbench.compose([]), posbench.compose(["+experiment=encodings_2025"])
     for key in ("model", "dataset", "train", "eval"):  # the default study's budget and lengths
         assert study[key] == default[key]
@@ -113,11 +120,7 @@ ROWS_RETRIEVAL = {**{name: (name, False, None) for name in CORE + ["irope", "rno
 
 
 def test_retrieval_2025_sweeps_every_row_file_at_the_ruler_budget():
-    params = with_hydra("retrieval_2025").hydra.sweeper.params
-    rows = params["retrieval_2025"].split(",")
-    files = Path(posbench.__file__).parent / "conf" / "retrieval_2025"
-    assert sorted(rows) == sorted(p.stem for p in files.glob("*.yaml")) == sorted(ROWS_RETRIEVAL)
-    assert params.seed == "0,1,2"
+    assert_sweeps_every_row_file_over_3_seeds("retrieval_2025", "retrieval_2025", ROWS_RETRIEVAL)
     cfg, ruler = posbench.compose(["+experiment=retrieval_2025"]), posbench.compose([]).eval.ruler
     # every task trained is scored, the aggregation tasks beside RULER's ten default ones
     tasks = list(ruler.tasks) + ["cwe", "fwe"]
