@@ -538,3 +538,13 @@ def test_train_scores_every_task_and_a_rescore_gives_the_same_cells(tmp_path):
         for cell in task["grid"]:
             assert cells[cell["depth"]] == pytest.approx(cell)
     assert list((tmp_path / "run").glob("ruler_heatmap.eval-*.png"))
+
+
+@pytest.mark.parametrize("name", ["niah_single_2", "niah_single_1", "niah_multikey_2"])
+def test_the_shortest_windows_that_fit_hold_a_haystack_of_zero_or_one_token(vocab, name):
+    task = Task(name, config(), vocab)
+    for length in (task.fixed() - 1, task.fixed()):  # haystacks of 0 and 1 tokens
+        (inst,) = instances(task, config(trials=1), length, 1.0)
+        assert len(inst.row) == len(inst.removed) == length + 1
+        ctx, asked, _, needles, _ = parse(inst.row)
+        assert [k for _, _, k, _ in needles][-1:] == asked  # the asked needle before the query

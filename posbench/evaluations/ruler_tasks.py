@@ -388,7 +388,7 @@ class Task:
         whole units, or (text) between words and at the edges."""
         if self.preset.haystack != "text":
             return np.arange(n % self.unit(), n + 1, self.unit())
-        inner = np.flatnonzero(self.vocab.space_after[hay[:n - 1]]
+        inner = np.flatnonzero(self.vocab.space_after[hay[:max(n - 1, 0)]]
                                | self.vocab.space_before[hay[1:n]]) + 1
         return np.unique(np.concatenate([[0], inner, [n]]))
 
