@@ -274,3 +274,17 @@ def test_each_training_length_is_marked_with_its_own_dashes(tmp_path, drawn):
         assert {label: x for label, (x, _) in marks.items()} == {"train length 32": 32,
                                                                  "train length 64": 64}
         assert len({style for _, style in marks.values()}) == 2
+
+
+def test_runs_scored_on_other_instance_formats_are_named_apart(tmp_path, drawn):
+    records = write_runs(tmp_path / "one")
+    write_report(tmp_path / "one")
+    assert "different formats" not in (tmp_path / "one" / "summary.md").read_text()
+    for name, group in records.items():  # alibi's runs scored on format 2, rope's on format 1
+        for i, record in enumerate(group):
+            if record["eval"].get("ruler"):
+                record["eval"]["ruler"]["format"] = 2 if name == "alibi" else 1
+            write(tmp_path / "mixed", f"{name}-{i}", record)
+    write_report(tmp_path / "mixed")
+    assert ("only the groups of one format compare: format 1: rope; format 2: alibi."
+            in (tmp_path / "mixed" / "summary.md").read_text())

@@ -133,6 +133,16 @@ def ruler_panels(groups: Dict[str, List[dict]]) -> Tuple[Dict[str, Dict[str, See
     return panels, score
 
 
+def instance_formats(groups: Dict[str, List[dict]]) -> Dict[int, List[str]]:
+    """RULER's instance format -> the groups with a run scored on it."""
+    formats = defaultdict(list)
+    for label, members in groups.items():
+        for f in sorted({r["eval"]["ruler"].get("format", 1) for r in members
+                         if r["eval"].get("ruler")}):
+            formats[f].append(label)
+    return dict(sorted(formats.items()))
+
+
 def ruler(root: Path, groups: Dict[str, List[dict]], train_of: Dict[str, int]
           ) -> Tuple[List[str], bool]:
     """summary.md's RULER tables across groups, and whether ruler_by_group.png was written:
@@ -144,6 +154,11 @@ def ruler(root: Path, groups: Dict[str, List[dict]], train_of: Dict[str, int]
     lines = ["", f"RULER across groups ({RULER_PLOT}): {what} ({why}) by length, each run's "
              f"mean over depths, then the mean ± {BAND}; (k of n seeds): the others ran out of "
              "memory there."]
+    formats = instance_formats(groups)
+    if len(formats) > 1:  # other sequences: scores that do not compare
+        lines.append("Runs scored instances of different formats (guide, \"RULER's synthetic "
+                     "tasks\"), so only the groups of one format compare: " + "; ".join(
+                         f"format {f}: {', '.join(labels)}" for f, labels in formats.items()) + ".")
     for name, panel in panels.items():
         lines += ["", f"{name} ({'mean over the tasks' if name == AVERAGE else what}):", ""]
         lines += table({label: {n: cell(xs, scored, 2) for n, (xs, scored) in values.items()}
