@@ -184,6 +184,11 @@ def _schema(eval_schema: type) -> type:  # one class per eval schema, so that ty
         "Config", [("eval", eval_schema, field(default_factory=eval_schema))], bases=(Config,))
 
 
+@functools.lru_cache(maxsize=None)
+def _typed(schema_cls: type) -> DictConfig:  # built once: OmegaConf.merge copies its first config
+    return OmegaConf.structured(schema_cls)
+
+
 def schema_class(name: str) -> Optional[type]:
     """The schema's dataclass called `name` (OmegaConf's messages name it), or None."""
     found, todo = [], [schema()]
@@ -567,7 +572,7 @@ def check(cfg: DictConfig) -> None:
     try:
         # as plain data: a config pickled into a joblib worker comes back typed with the base
         # Config class, which does not merge into the schema's per-evaluation subclass
-        OmegaConf.merge(OmegaConf.structured(schema()), OmegaConf.to_container(cfg))
+        OmegaConf.merge(_typed(schema()), OmegaConf.to_container(cfg))
     except Exception as err:  # omegaconf names the key and the expected type
         raise ConfigError(str(err).splitlines()[0]) from None
     _no_extra_keys(cfg, schema())

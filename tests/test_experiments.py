@@ -140,3 +140,37 @@ def test_each_retrieval_2025_row_is_its_encoding_and_only_drope_switches(row):
         (name, qk_norm, switch)
     model = posbench.build_model(cfg, 256)  # the row passes its checks and builds
     assert model(torch.zeros(1, 8, dtype=torch.long)).shape[-1] == 256
+
+
+def sweep_jobs(experiment, arguments=()):
+    """The jobs `posbench train -m +experiment=EXPERIMENT ARGUMENTS` launches, as Hydra's basic
+    sweeper makes them: its params, replaced key by key by the command line's."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    params = with_hydra(experiment).hydra.sweeper.params
+    parsed = OverridesParser.create().parse_overrides(
+        [f"{k}={v}" for k, v in params.items()] + list(arguments))
+    jobs = BasicSweeper.split_arguments(parsed, None)[0]
+    return [dict(o.split("=", 1) for o in job) for job in jobs]
+
+
+def test_budgets_and_rates_is_the_default_study_over_rates_and_budgets():
+    default, study = posbench.compose([]), posbench.compose(["+experiment=budgets_and_rates"])
+    for key in ("model", "dataset", "train", "eval"):  # the default study's setting
+        assert study[key] == default[key]
+    jobs = sweep_jobs("budgets_and_rates")
+    # each core encoding, five seeds, at the shared rate and one either side of it
+    assert len(jobs) == 6 * 3 * 5
+    assert {j["encoding"] for j in jobs} == set(CORE)
+    assert sorted({float(j["train.lr"]) for j in jobs}) == [default.train.lr / 2, default.train.lr,
+                                                         default.train.lr * 2]
+    assert {j["seed"] for j in jobs} == {"0", "1", "2", "3", "4"}
+    # its FLOPs arm, as the file's second command writes it: the shared rate only
+    flops = sweep_jobs("budgets_and_rates", ["train.budget=flops", "train.lr=2e-3"])
+    assert len(flops) == 6 * 5
+    assert {(j["train.budget"], float(j["train.lr"])) for j in flops} == \
+        {("flops", default.train.lr)}
+    text = (Path(posbench.__file__).parent / "conf" / "experiment" /
+            "budgets_and_rates.yaml").read_text()
+    assert "+experiment=budgets_and_rates train.budget=flops train.lr=2e-3" in text
