@@ -14,6 +14,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 import posbench
+import posbench.attention.paths as paths
 from posbench.runs.extend import pose_positions
 from posbench.runs.train import make_optimizer, train_step
 from helpers import composed
@@ -64,13 +65,33 @@ def test_training_step_compiles_to_one_graph_without_host_reads(overrides):
     twin = copy.deepcopy(model)
     x, y = batch()
     loss = step(cfg, model, compiled(model), x, y)
-    # eager takes the lag-table shortcuts that a compiled graph leaves to the blockwise path
+    # eager reads the positions to take its shortcuts; the graph takes those it knows it may
     torch.testing.assert_close(loss, step(cfg, twin, twin, x, y), rtol=1e-6, atol=0)
     # the backward ran through the graph: the same gradients (clipped) as eager's
     for (key, p), q in zip(model.named_parameters(), twin.parameters(), strict=True):
         assert (p.grad is None) == (q.grad is None), key
         if p.grad is not None:
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=key)
+
+
+@pytest.mark.parametrize("name", ["alibi", "sandwich"])
+def test_a_fixed_lag_bias_compiles_to_its_table_where_positions_are_the_index(name,
+                                                                               monkeypatch):
+    """The model's own positions (pos=None) are known to step by one: the graph takes the lag
+    table's fused path, as eager does (about NoPE's step, where the blockwise masks cost ALiBi
+    14%: docs/benchmarks.md); positions passed in are not, and take the blockwise path."""
+    traced = []
+    real = paths.lag_bias_attention
+    monkeypatch.setattr(paths, "lag_bias_attention", lambda *a: traced.append(1) or real(*a))
+    cfg, model = build([f"encoding={name}"])
+    twin = copy.deepcopy(model)
+    x, y = batch()
+    loss = step(cfg, model, compiled(model), x, y)
+    assert len(traced) == cfg.model.n_layer  # each layer's call, traced once
+    torch.testing.assert_close(loss, step(cfg, twin, twin, x, y), rtol=1e-6, atol=0)
+    traced.clear()
+    step(cfg, model, compiled(model), x, y, pos=torch.arange(32))
+    assert traced == []
 
 
 @pytest.mark.parametrize("name", ["sandwich", "fire", "transformer_xl", "learned"])

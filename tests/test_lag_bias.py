@@ -188,18 +188,33 @@ def test_evaluation_by_query_row_and_lag_matches_the_dense_reference(name, offse
 
 
 @pytest.mark.parametrize("name", ["alibi", "transformer_xl"])
-def test_a_compiled_graph_keeps_the_blockwise_path(name, monkeypatch):
-    """torch.compile cannot trace the tables' overlapping strided views: while compiling, the
-    attention takes the blockwise path (here with the compiler's flag set by hand)."""
-    for path in ("lag_bias_attention", "lag_rows_attention"):
-        monkeypatch.setattr(posbench.attention.paths, path, lambda *a: pytest.fail("lag path"))
+def test_a_compiled_graph_reads_no_positions(name, monkeypatch):
+    """A compiled graph cannot read whether positions step by one (a host read): there the lag
+    paths run only where the caller knows the positions are the index, and evaluation's paths
+    never (here with the compiler's flag set by hand)."""
+    monkeypatch.setattr(lag_bias, "lag_is_index_difference", lambda pos: pytest.fail("read"))
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    calls = []
+    for path in ("lag_bias_attention", "lag_rows_attention"):
+        real = getattr(posbench.attention.paths, path)
+        monkeypatch.setattr(posbench.attention.paths, path,
+                            lambda *a, f=real, p=path: calls.append(p) or f(*a))
     enc = encoding(name)
     q, k, v = (torch.randn(1, H, T, D, dtype=torch.float64) for _ in range(3))
     pos = torch.arange(T).expand(1, T)
-    with torch.no_grad():
-        out = attend(q, k, v, pos, enc, 0)
-    torch.testing.assert_close(out, dense_reference(q, k, v, enc, pos), rtol=1e-10, atol=1e-10)
+    for pos_is_index in (False, True):
+        with torch.no_grad():
+            out = attend(q, k, v, pos, enc, 0, pos_is_index=pos_is_index)
+        torch.testing.assert_close(out, dense_reference(q, k, v, enc, pos), rtol=1e-10,
+                                   atol=1e-10)
+    assert calls == (["lag_bias_attention"] if name == "alibi" else [])
+
+
+def test_steps_by_one_trusts_the_index_and_reads_positions_only_eagerly(monkeypatch):
+    unit, doubled = torch.arange(T).expand(B, T), (2 * torch.arange(T)).expand(B, T)
+    assert lag_bias.steps_by_one(unit, False) and not lag_bias.steps_by_one(doubled, False)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert not lag_bias.steps_by_one(unit, False) and lag_bias.steps_by_one(unit, True)
 
 
 def test_the_decay_encodings():

@@ -28,13 +28,20 @@ def lag_is_index_difference(pos: torch.Tensor) -> bool:
     return bool((steps == 1).all())
 
 
-def lag_table(score_mod: Callable, pos: torch.Tensor, n_head: int,
-              dtype: torch.dtype) -> Optional[torch.Tensor]:
+def steps_by_one(pos: torch.Tensor, pos_is_index: bool) -> bool:
+    """Whether pos_i - pos_j = i - j in every sequence: known where the positions are the
+    sequence index (pos_is_index: the model's own 0..T-1), else read on the host, which a
+    compiled graph cannot do without breaking (False there: the caller takes a general path)."""
+    return pos_is_index or (not torch.compiler.is_compiling() and lag_is_index_difference(pos))
+
+
+def lag_table(score_mod: Callable, pos: torch.Tensor, n_head: int, dtype: torch.dtype,
+              pos_is_index: bool = False) -> Optional[torch.Tensor]:
     """(H, T) the bias at lags 0..T-1, from the score_mod on one query row (the last, which sees
-    them all), when every sequence has the same unit-step positions, so that lag = i - j; None
-    otherwise (the caller then builds each block's mask from the score_mod)."""
+    them all), when every sequence has the same unit-step positions (steps_by_one), so that
+    lag = i - j; None otherwise (the caller then builds each block's mask from the score_mod)."""
     B, T = pos.shape
-    if not (B == 1 or pos.stride(0) == 0) or not lag_is_index_difference(pos[:1]):
+    if not (B == 1 or pos.stride(0) == 0) or not steps_by_one(pos[:1], pos_is_index):
         return None
     device = pos.device
     index = torch.zeros((1, 1, 1, 1), dtype=torch.long, device=device)
@@ -44,13 +51,15 @@ def lag_table(score_mod: Callable, pos: torch.Tensor, n_head: int,
     return bias.to(dtype).expand(1, n_head, 1, T)[0, :, 0].flip(-1)
 
 
-def lag_masks(table: torch.Tensor, batch: int, rows: int) -> Callable:
-    """mask(n, end): the (batch, H, n, end) causal mask of a block of n queries against keys
+def lag_masks(table: torch.Tensor, rows: int) -> Callable:
+    """mask(n, end): the (1, H, n, end) causal mask of a block of n queries against keys
     end-1 .. 0, for a bias of lags 0..T-1 given as `table` (H, T), as a strided view of it
-    padded with the future keys' -inf: no block's mask is ever built."""
+    padded with the future keys' -inf: no block's mask is ever built. SDPA broadcasts it over
+    the batch; a batch dimension of stride 0 instead would be written out whole in a compiled
+    graph (train.compile), per layer."""
     H = table.shape[0]
     padded = torch.cat((table.new_full((H, rows - 1), float("-inf")), table), dim=1)
-    return lambda n, end: padded.as_strided((batch, H, n, end), (0, padded.stride(0), 1, 1),
+    return lambda n, end: padded.as_strided((1, H, n, end), (0, padded.stride(0), 1, 1),
                                             rows - n)
 
 
@@ -58,9 +67,8 @@ def lag_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        table: torch.Tensor) -> torch.Tensor:
     """softmax(q k^T / sqrt(d) + b_h(i - j), causal) v for q, k, v (B, H, T, d) and the bias of
     lags 0..T-1 as `table` (H, T)."""
-    B, H, T, _ = q.shape
-    rows = min(ROWS, T)
-    mask = lag_masks(table, B, rows)
+    rows = min(ROWS, q.shape[2])
+    mask = lag_masks(table, rows)
 
     def block(q_rows, keys, values, start, n, end):
         return F.scaled_dot_product_attention(q_rows, keys, values, attn_mask=mask(n, end))
@@ -108,10 +116,10 @@ def decay_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     of a table of zeros. Rows are capped so that the largest key factor, e^{-a (n - 1)} for the
     block's own keys, stays below e^60; key factors below e^-80 are set to 0, which changes a
     logit by under 1e-34 of its score."""
-    B, H, T, _ = q.shape
+    H, T = q.shape[1:3]
     steepest = float(-rates.min())
     rows = min(ROWS, T, max(1, int(60 / steepest))) if steepest > 0 else min(ROWS, T)
-    mask = lag_masks(q.new_zeros(H, T), B, rows)
+    mask = lag_masks(q.new_zeros(H, T), rows)
     exponents = rates.to(q.dtype).view(H, 1) * torch.arange(T, device=q.device, dtype=q.dtype)
     # query row r of a block: e^{a r}; reversed key j' of a block of n rows (key s + n - 1 - j'):
     # e^{a (j' + 1 - n)}, entry rows - n + j' of this table
@@ -143,7 +151,7 @@ def factored_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     q, k, v = q.to(work), k.to(work), v.to(work)
     scale = 1 / math.sqrt(d)
     rows = min(ROWS, T)
-    mask = lag_masks(q.new_zeros(H, T), B, rows)
+    mask = lag_masks(q.new_zeros(H, T), rows)
     # v is padded once, to the factors' rank, rather than block by block
     v = F.pad(v, (0, factors(T - 1)[0].shape[-1]))
 

@@ -56,9 +56,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from posbench.attention.lag_bias import (decay_attention, factored_bias_attention,
-                                         lag_bias_attention, lag_is_index_difference,
-                                         lag_rows_attention, lag_table,
-                                         learned_lag_bias_attention)
+                                         lag_bias_attention, lag_rows_attention,
+                                         lag_table, learned_lag_bias_attention,
+                                         steps_by_one)
 from posbench.attention.decoupled_rope import DecoupledRoPE
 from posbench.attention.span import GLOBAL, Segmented, Span
 from posbench.attention.temperature import Temperature
@@ -114,13 +114,15 @@ class CausalSelfAttention(nn.Module):
                           else None)
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, encoding,
-                segments: Optional[torch.Tensor] = None) -> torch.Tensor:
+                segments: Optional[torch.Tensor] = None, pos_is_index: bool = False) -> torch.Tensor:
         """`segments` (B, T): attention within each segment of the sequence as well (training's
-        documents and windows, posbench/attention/span.py: Segmented), or None."""
+        documents and windows, posbench/attention/span.py: Segmented), or None. `pos_is_index`:
+        pos is the model's own 0..T-1 in every row (attend)."""
         B, T, C = x.shape
         q, k, v = self.heads(x, pos, encoding)
         span = self.span if segments is None else Segmented(self.span, segments)
-        y = attend(q, k, v, pos, *encoding.at_layer(self.layer), x, span=span, sinks=self.sinks)
+        y = attend(q, k, v, pos, *encoding.at_layer(self.layer), x, span=span, sinks=self.sinks,
+                   pos_is_index=pos_is_index)
         if self.gate is not None:  # (B, T, H or C) -> (B, H, T, 1 or d), each head's own
             y = y * torch.sigmoid(self.gate(x)).view(B, T, self.n_head, -1).transpose(1, 2)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
@@ -177,17 +179,19 @@ def bound_hooks(q, k, pos, encoding, layer, x=None):
     return score_mod, row_mod, value_mod
 
 
-def attend(q, k, v, pos, encoding, layer, x=None, span: Span = GLOBAL, sinks=None):
+def attend(q, k, v, pos, encoding, layer, x=None, span: Span = GLOBAL, sinks=None,
+           pos_is_index: bool = False):
     """Causal attention of q, k, v (B, H, T, d) under the encoding's hooks, each query seeing the
     keys of its `span`; x (B, T, D), the attention's input, is needed by the encodings that read
     it (reads_input). `sinks` (H,): a sink logit per head in every row's softmax denominator, or
-    None."""
+    None. `pos_is_index`: pos is 0..T-1 in every row, which lets the lag paths run without
+    reading it (lag_bias.steps_by_one), also in a compiled graph."""
     if q.dtype != v.dtype:
         # rotate kept q and k wider than v (the group family's shear under autocast): their
         # logits need it, and autocast would round them back to bf16 in SDPA and FlexAttention
         with torch.autocast(q.device.type, enabled=False):
             return attend(q, k, v.to(q.dtype), pos, encoding, layer, x, span,
-                          sinks).to(v.dtype)
+                          sinks, pos_is_index).to(v.dtype)
     if encoding.remap is not None:
         return remapped_attention(q, k, v, pos, encoding, layer, span, sinks)
     score_mod, row_mod, value_mod = bound_hooks(q, k, pos, encoding, layer, x)
@@ -198,24 +202,25 @@ def attend(q, k, v, pos, encoding, layer, x=None, span: Span = GLOBAL, sinks=Non
         if q.is_cuda and not _learns_through(score_mod, q):
             # its block mask skips hidden blocks; its log-sum-exp takes the sinks
             return flex_attention(q, k, v, score_mod, span, sinks)
-        # the lag tables' strided views are eager-only: a compiled graph (train.compile) fuses
-        # the blockwise mask instead; they return no log-sum-exp for a sink
-        lags = span.is_global and not torch.compiler.is_compiling() and sinks is None
+        lags = span.is_global and sinks is None  # they return no log-sum-exp for a sink
         if score_mod is not None and encoding.lag_only_bias and lags:
-            table = lag_table(score_mod, pos, q.shape[1], q.dtype)
+            table = lag_table(score_mod, pos, q.shape[1], q.dtype, pos_is_index)
             if table is not None and not table.requires_grad:
                 return lag_bias_attention(q, k, v, table)
-            if table is not None and q.is_cuda:  # learned, in training; on CPU: below
+            # learned, in training, eager; on CPU and in a compiled graph: below
+            if table is not None and q.is_cuda and not torch.compiler.is_compiling():
                 return learned_lag_bias_attention(q, k, v, table)
-        if (encoding.lag_rows is not None and lags and not torch.is_grad_enabled()
-                and lag_is_index_difference(pos)):
+        # evaluation's paths: eager only (a compiled graph is training's, under train.compile)
+        evaluating = lags and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+        if (encoding.lag_rows is not None and evaluating
+                and steps_by_one(pos, pos_is_index)):
             rows = encoding.lag_rows(q, k, pos, layer)
             if rows is not None:
                 return lag_rows_attention(rows[0], k, v, rows[1])
-        if (encoding.lag_decay is not None and lags and not torch.is_grad_enabled()
-                and lag_is_index_difference(pos)):
+        if (encoding.lag_decay is not None and evaluating
+                and steps_by_one(pos, pos_is_index)):
             return decay_attention(q, k, v, encoding.lag_decay(layer))
-        if encoding.bias_factors is not None and lags and not torch.is_grad_enabled():
+        if encoding.bias_factors is not None and evaluating:
             return factored_bias_attention(q, k, v, encoding.bias_factors(
                 q, k, pos, layer, **hook_inputs(encoding, x)))
     # no score hook is a zero bias: a local span's blocks run as fused SDPA with its mask

@@ -39,8 +39,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(d_model)
         self.mlp = MLP(d_model, mlp_ratio)
 
-    def forward(self, x, pos, encoding, segments=None):
-        x = x + self.attn(self.ln_1(x), pos, encoding, segments)
+    def forward(self, x, pos, encoding, segments=None, pos_is_index=False):
+        x = x + self.attn(self.ln_1(x), pos, encoding, segments, pos_is_index)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -73,8 +73,10 @@ class GPT(nn.Module):
                segments: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Final hidden states (B, T, D), before the output head; `segments` (B, T): attention
         within each segment too (posbench/attention/span.py: Segmented)."""
-        pos = positions_for(idx, pos)
         enc = self.encoding
+        # known here, so that attention need not read pos (a host sync, or a compiled graph's break)
+        pos_is_index = pos is None and enc.positions is None
+        pos = positions_for(idx, pos)
         if enc.positions is not None:
             pos = enc.positions(pos)
         x = self.tok_emb(idx)
@@ -82,7 +84,7 @@ class GPT(nn.Module):
             layer_enc, layer = enc.at_layer(i)
             if layer_enc.embed is not None:
                 x = layer_enc.embed(x, pos, layer)
-            x = block(x, pos, enc, segments)
+            x = block(x, pos, enc, segments, pos_is_index)
         return self.ln_f(x)
 
     def forward(self, idx: torch.Tensor, pos: Optional[torch.Tensor] = None,
