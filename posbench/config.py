@@ -41,7 +41,7 @@ class ModelConfig:
     # (posbench/attention/temperature.py); applied in training and evaluation alike
     temperature: str = "none"
     # RMSNorm with a learned gain on q and on k over the model width, before any encoding acts
-    # (DroPE's QK-norm, which its recalibration needs at high learning rates)
+    # (the QK-norm of DroPE's code, which lets its SmolLM recalibration run at high learning rates)
     qk_norm: bool = False
     # a sigmoid gate on each head's attention output, from the layer's input, before the output
     # projection (Qiu et al. 2025, Qwen3-Next): none, headwise (one per head) or elementwise

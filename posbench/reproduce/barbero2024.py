@@ -8,7 +8,7 @@ from posbench.reproduce.claims import PAIRED_WHY, Below
 
 ROWS = ("nope", "rope_10k", "rope_500k", "p_rope_0.25", "p_rope_0.75", "reversed_0.75",
         "partial_0.75")  # posbench/conf/barbero2024/<row>.yaml
-WHY = f"the paper's rows differ by 0.3-2% (one seed each); {PAIRED_WHY}"
+WHY = f"the paper's rows differ by 0.3-2% (it does not say over how many seeds); {PAIRED_WHY}"
 
 
 @register("barbero2024", "p-RoPE Table 2: NoPE, RoPE 10k/500k, 0.25/0.75-p-RoPE, ablations (CPU)")
@@ -33,9 +33,10 @@ class Barbero2024(Reproduction):
                  "partial_0.75": {8192: 4.4537}}
     source = ("Barbero et al., ICLR 2025, arXiv 2410.06205, Table 2, the Wiki column (FlanV2: "
               "NoPE 6.6429, RoPE 10k 6.4429, 500k 6.4593, 0.75 reversed 6.4683, 0.75 partial "
-              "6.4562, 0.25 6.5111, 0.75 6.4422: the same order but for the two bases, which "
-              "swap, so the base is not a claim here); what 'reversed' and 'partial' are: "
-              "docs/encodings.md, p_rope")
+              "6.4562, 0.25 6.5111, 0.75 6.4422: RoPE 10k moves from fifth to second and "
+              "500k from second to fourth, so the base is not a claim here; the five claims "
+              "hold on FlanV2 too); what 'reversed' and 'partial' are: docs/encodings.md, "
+              "p_rope")
     claims = (
         Below("nope_behind", "NoPE is behind every rotary row; the nearest, 0.25-RoPE, by 7.3%",
               0.0, WHY, lower="p_rope_0.25", higher="nope"),
