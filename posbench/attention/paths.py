@@ -48,7 +48,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -65,7 +65,7 @@ from posbench.attention.temperature import Temperature
 
 # score elements per block: bounds the memory of the blockwise path (64 MiB of fp32 per tensor)
 BLOCK_ELEMENTS = 1 << 24
-# query rows per step of BiasedAttention's backward (measured on CPU: 64 beats 32 and 128)
+# query rows per step of biased_attention's backward (measured on CPU: 64 beats 32 and 128)
 BACKWARD_ROWS = 64
 # shapes FlexAttention is compiled for in one process: a study's training, validation, eval
 # lengths, retrieval and extension, with room to spare
@@ -305,7 +305,7 @@ def _bias_block(q, k, v, start, b, h, score_mod, key_start=0, span: Span = GLOBA
         k, v = F.pad(k, (0, 0, 1, 0)), F.pad(v, (0, 0, 1, 0))
         offset, Tk = offset + 1, Tk + 1
     if mask.requires_grad:
-        return BiasedAttention.apply(q, k, v, mask, offset)
+        return biased_attention(q, k, v, mask, offset)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.expand(*q.shape[:2], Tq, Tk))
 
 
@@ -419,49 +419,74 @@ def _remap_probs(q, k, start, b, is_near, key_start=0, span: Span = GLOBAL, sink
                               sinks)
 
 
-class BiasedAttention(torch.autograd.Function):
-    """Causal softmax(q k^T / sqrt(d) + mask) v for a float mask that needs a gradient (learned
-    biases); query i of the block sits at sequence index start + i and `mask`, (B or 1, H or 1,
-    Tq, Tk), is -inf past it.
-    SDPA would take its unfused math path for such a mask on CPU. Here the forward stays fused,
-    and the backward recomputes the probabilities a chunk of query rows at a time against only
-    the keys those rows can see, which skips the masked half and stays in cache."""
+# Causal softmax(q k^T / sqrt(d) + mask) v for a float mask that needs a gradient (learned
+# biases); query i of the block sits at sequence index start + i and `mask`, (B or 1, H or 1,
+# Tq, Tk), is -inf past it. SDPA would take its unfused math path for such a mask on CPU. Here
+# the forward stays fused, and the backward recomputes the probabilities a chunk of query rows
+# at a time against only the keys those rows can see, which skips the masked half and stays in
+# cache. Custom ops, so that a compiled graph (train.compile) calls them as they are: traced
+# into the graph, the chunks' slice updates cost T5 15% of its step on CPU.
+@torch.library.custom_op("posbench::biased_attention", mutates_args=())
+def biased_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                     start: int) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.expand(*q.shape[:2],
+                                                                          *mask.shape[2:]))
 
-    @staticmethod
-    def forward(ctx, q, k, v, mask, start):
-        # detached: SDPA picks its unfused path for any mask that requires grad, even here
-        full = mask.detach().expand(*q.shape[:2], *mask.shape[2:])
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=full)
-        ctx.save_for_backward(q, k, v, mask, out)
-        ctx.start = start
-        return out
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, mask, out = ctx.saved_tensors
-        # contiguous once: a strided operand makes CPU bmm copy it matrix by matrix
-        q, k, v, grad_out = (t.contiguous() for t in (q, k, v, grad_out))
-        scale = 1 / math.sqrt(q.shape[-1])
-        row_dot = (grad_out * out).sum(-1, keepdim=True)  # rowsum(dO * O)
-        grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        grad_mask = torch.zeros_like(mask)
-        # the batch and head dims the mask broadcasts over: its gradient sums over them
-        broadcast = [i for i in (0, 1) if mask.shape[i] == 1 and q.shape[i] > 1]
-        # the chunks keep a CPU's cache warm; a GPU takes the block at once, fewer launches
-        step = BACKWARD_ROWS if q.device.type == "cpu" else q.shape[2]
-        for i in range(0, q.shape[2], step):
-            rows, keys = slice(i, i + step), slice(0, ctx.start + i + step)
-            qc, dout = q[:, :, rows].contiguous(), grad_out[:, :, rows].contiguous()
-            kc, vc = k[:, :, keys], v[:, :, keys]  # prefixes: contiguous batch by batch
-            probs = (qc @ kc.transpose(-2, -1)).mul_(scale).add_(mask[:, :, rows, keys]).softmax(-1)
-            # dS = P * (dP - rowsum(dO * O)) with dP = dO v^T; it is also the mask's gradient
-            grad_scores = (dout @ vc.transpose(-2, -1)).sub_(row_dot[:, :, rows]).mul_(probs)
-            grad_q[:, :, rows] = (grad_scores @ kc).mul_(scale)
-            grad_k[:, :, keys] += (grad_scores.transpose(-2, -1) @ qc).mul_(scale)
-            grad_v[:, :, keys] += probs.transpose(-2, -1) @ dout
-            grad_mask[:, :, rows, keys] = (grad_scores.sum(broadcast, keepdim=True) if broadcast
-                                           else grad_scores)
-        return grad_q, grad_k, grad_v, grad_mask, None
+@biased_attention.register_fake
+def _(q, k, v, mask, start):
+    # SDPA's own output layout, which the fused kernel picks
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.expand(*q.shape[:2],
+                                                                          *mask.shape[2:]))
+
+
+@torch.library.custom_op("posbench::biased_attention_backward", mutates_args=())
+def biased_attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                              v: torch.Tensor, mask: torch.Tensor, out: torch.Tensor,
+                              start: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                   torch.Tensor]:
+    # contiguous once: a strided operand makes CPU bmm copy it matrix by matrix
+    q, k, v, grad_out = (t.contiguous() for t in (q, k, v, grad_out))
+    scale = 1 / math.sqrt(q.shape[-1])
+    row_dot = (grad_out * out).sum(-1, keepdim=True)  # rowsum(dO * O)
+    grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    grad_mask = mask.new_zeros(mask.shape)
+    # the batch and head dims the mask broadcasts over: its gradient sums over them
+    broadcast = [i for i in (0, 1) if mask.shape[i] == 1 and q.shape[i] > 1]
+    # the chunks keep a CPU's cache warm; a GPU takes the block at once, fewer launches
+    step = BACKWARD_ROWS if q.device.type == "cpu" else q.shape[2]
+    for i in range(0, q.shape[2], step):
+        rows, keys = slice(i, i + step), slice(0, start + i + step)
+        qc, dout = q[:, :, rows].contiguous(), grad_out[:, :, rows].contiguous()
+        kc, vc = k[:, :, keys], v[:, :, keys]  # prefixes: contiguous batch by batch
+        probs = (qc @ kc.transpose(-2, -1)).mul_(scale).add_(mask[:, :, rows, keys]).softmax(-1)
+        # dS = P * (dP - rowsum(dO * O)) with dP = dO v^T; it is also the mask's gradient
+        grad_scores = (dout @ vc.transpose(-2, -1)).sub_(row_dot[:, :, rows]).mul_(probs)
+        grad_q[:, :, rows] = (grad_scores @ kc).mul_(scale)
+        grad_k[:, :, keys] += (grad_scores.transpose(-2, -1) @ qc).mul_(scale)
+        grad_v[:, :, keys] += probs.transpose(-2, -1) @ dout
+        grad_mask[:, :, rows, keys] = (grad_scores.sum(broadcast, keepdim=True) if broadcast
+                                       else grad_scores)
+    return grad_q, grad_k, grad_v, grad_mask
+
+
+@biased_attention_backward.register_fake
+def _(grad_out, q, k, v, mask, out, start):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            mask.new_empty(mask.shape))
+
+
+def _save_biased(ctx, inputs, output):
+    q, k, v, mask, start = inputs
+    ctx.save_for_backward(q, k, v, mask, output)
+    ctx.start = start
+
+
+def _biased_backward(ctx, grad_out):
+    return (*biased_attention_backward(grad_out, *ctx.saved_tensors, ctx.start), None)
+
+
+biased_attention.register_autograd(_biased_backward, setup_context=_save_biased)
 
 
 def _learns_through(score_mod, q) -> bool:
