@@ -94,6 +94,23 @@ def test_a_fixed_lag_bias_compiles_to_its_table_where_positions_are_the_index(na
     assert traced == []
 
 
+@pytest.mark.parametrize("name", ["t5", "kerple_log"])
+def test_a_learned_lag_bias_is_one_call_in_the_graph(name):
+    """A learned bias's blocks are the biased_attention custom op in the compiled graph, its
+    backward the eager chunked one, not their slices traced into it: one call per layer."""
+    targets = []
+
+    def recording(gm, example_inputs):
+        targets.extend(node.target for node in gm.graph.nodes)
+        return no_host_reads(gm, example_inputs)
+
+    cfg, model = build([f"encoding={name}"])
+    torch._dynamo.reset()
+    x, y = batch()
+    step(cfg, model, torch.compile(model, fullgraph=True, backend=recording), x, y)
+    assert targets.count(torch.ops.posbench.biased_attention.default) == cfg.model.n_layer
+
+
 @pytest.mark.parametrize("name", ["sandwich", "fire", "transformer_xl", "learned"])
 def test_bounds_from_the_config_cover_pose_positions(name):
     """In training, lag tables and learned's check are sized from max(T, train.pose_span), not
