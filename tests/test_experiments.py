@@ -116,7 +116,7 @@ def test_each_encodings_2025_row_is_its_encoding_with_only_its_knob(row):
 
 # +experiment=retrieval_2025: each row and what it must compose into (encoding, model, switch)
 ROWS_RETRIEVAL = {**{name: (name, False, None) for name in CORE + ["irope", "rnope_swa"]},
-                  "drope": ("rope", True, 0.875)}
+                  "drope": ("rope", False, 0.875)}  # the paper's from-scratch models: no QK-norm
 
 
 def test_retrieval_2025_sweeps_every_row_file_at_the_ruler_budget():
