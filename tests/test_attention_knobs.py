@@ -124,7 +124,7 @@ def test_a_distance_remap_takes_the_knobs():
 @pytest.mark.parametrize("name", ["nope", "alibi", "t5", "stick_breaking"])
 @pytest.mark.parametrize("span", ["global", "sliding"])
 def test_several_blocks_and_a_local_span(name, span, monkeypatch):
-    """Blocks of 16 query rows (checkpointed, BiasedAttention's backward in chunks of 5 that
+    """Blocks of 16 query rows (checkpointed, biased_attention's backward in chunks of 5 that
     straddle them), each block's keys from the first its span shows: the sink key leads them."""
     monkeypatch.setattr(attention, "BLOCK_ELEMENTS", B * 4 * T * 16)
     monkeypatch.setattr(attention, "BACKWARD_ROWS", 5)

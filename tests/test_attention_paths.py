@@ -1,7 +1,7 @@
 """Every attention path against a dense float64 reference, forward and backward.
 
 Paths (posbench/attention/paths.py): fused SDPA (no score hook), the blockwise CPU path with dense
-scores (any hook) and with an additive score_mod as SDPA's float mask (BiasedAttention when the
+scores (any hook) and with an additive score_mod as SDPA's float mask (biased_attention when the
 bias is learned), each in one block and in several checkpointed blocks; FlexAttention forward on
 CPU (torch has no CPU backward for it).
 """
@@ -141,7 +141,7 @@ def test_additive_encodings_take_the_sdpa_mask_path(name, monkeypatch):
 
 
 def test_learned_bias_in_a_later_block_starts_at_its_offset():
-    """BiasedAttention alone for a block of queries 20..49 against keys 0..49."""
+    """biased_attention alone for a block of queries 20..49 against keys 0..49."""
     q, k, v = inputs()
     enc = encoding("t5")
     fn = enc.score_mod(q, k, positions(True), 0)
