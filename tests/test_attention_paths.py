@@ -151,6 +151,20 @@ def test_learned_bias_in_a_later_block_starts_at_its_offset():
     assert_same_with_grads(out, ref, (q, k, v, *enc.parameters()))
 
 
+def test_a_learned_bias_keeps_the_fused_kernel():
+    """SDPA takes its unfused path for a mask that needs a gradient; biased_attention hands it
+    the mask detached, so that only the fused kernel, allowed alone here, runs its forward."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = inputs()
+    enc = encoding("t5")
+    fn = enc.score_mod(q, k, positions(True), 0)
+    b, h = torch.arange(B).view(B, 1, 1, 1), torch.arange(H).view(1, H, 1, 1)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        out = attention._bias_block(q, k, v, 0, b, h, fn)
+    assert_same_with_grads(out, dense_reference(q, k, v, fn), (q, k, v, *enc.parameters()))
+
+
 # every encoding that takes FlexAttention on CUDA: a score_mod and no row or value hook
 FLEX = [name for name in sorted(registry()) if (lambda e: e.score_mod is not None
         and e.row_mod is None and e.value_mod is None)(registered_encoding(name))]

@@ -429,8 +429,9 @@ def _remap_probs(q, k, start, b, is_near, key_start=0, span: Span = GLOBAL, sink
 @torch.library.custom_op("posbench::biased_attention", mutates_args=())
 def biased_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                      start: int) -> torch.Tensor:
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.expand(*q.shape[:2],
-                                                                          *mask.shape[2:]))
+    # detached: SDPA picks its unfused path for any mask that requires grad, even here
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.detach().expand(
+        *q.shape[:2], *mask.shape[2:]))
 
 
 @biased_attention.register_fake
