@@ -240,6 +240,10 @@ def test_an_entry_runs_its_sweep_and_writes_the_papers_numbers_beside_posbenchs(
     text = (sweep / "reproduction.md").read_text()
     assert "| paper 512 (1L) | posbench 32 (1L) |" in text and "| t5 |" in text
     assert "not measured: sinusoidal, t5" in text
+    # the toy's own overrides are another setting than the entry's, and say so; its choice of
+    # encodings is a choice of rows, and its launcher no setting at all
+    assert set(record["departures"]) == {f"{o} (2 of 2 runs)" for o in TOY[2:]}
+    assert "Departures from the entry's setting, the runs' own overrides: model.n_layer=1" in text
     assert (sweep / "summary.md").is_file()  # the sweep's own report, beside
     assert "## Verdicts" in first.stdout and not (cwd / "outputs").exists()
 

@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
+
+import yaml
 
 from posbench.core.errors import ConfigError
 from posbench.core.io import write_json, write_text
 from posbench.reports.report import find_runs
 from posbench.reports.by_size import size_label
 from posbench.reproduce.claims import VERDICTS, Claim, Measured, task_group, x_text
-from posbench.reproduce.rescores import judged, notes
+from posbench.core.resolvers import override_key
+from posbench.reproduce.rescores import judged, notes, swept_keys
 from posbench.runs.results import RESULTS
 from posbench.core.version import __version__
 
@@ -166,9 +170,24 @@ def paired_tables(entry, measured: Measured, train_len: int) -> List[str]:
     return lines
 
 
+def departures(entry, records: List[dict]) -> List[str]:
+    """The overrides the runs were trained with (each run's .hydra/overrides.yaml) that set a key
+    the entry does not sweep to another value than the entry's own: a setting other than the
+    entry's, which the report names with how many runs had each."""
+    swept, own = swept_keys(entry), set(entry.sweep.overrides)
+    runs = [r for r in records if r["_file"] == RESULTS]
+    counts: Counter = Counter()
+    for run in runs:
+        path = Path(run["_dir"]) / ".hydra" / "overrides.yaml"
+        given = yaml.safe_load(path.read_text()) if path.is_file() else []
+        counts.update(o for o in given if o not in own and override_key(o) not in swept
+                      and not override_key(o).startswith(("hydra", "experiment")))
+    return [f"{o} ({n} of {len(runs)} runs)" for o, n in counts.items()]
+
+
 def render(entry, folder: Path, records: List[dict], measured: Measured,
            verdicts: List[Tuple[Claim, str, str]], train_len: int,
-           rescore_notes: List[str]) -> str:
+           rescore_notes: List[str], departed: List[str]) -> str:
     trained = sum(r["_file"] == RESULTS for r in records)
     rescored = len(records) - trained
     seeds: Dict[str, int] = {}
@@ -184,6 +203,8 @@ def render(entry, folder: Path, records: List[dict], measured: Measured,
              f"- Runs: {trained} finished" + (f" and {rescored} re-scores" if rescored else "")
              + f" in {folder} (runs per group: "
              + ", ".join(f"{g} {n}" for g, n in sorted(seeds.items())) + ").", *rescore_notes,
+             *([f"- Departures from the entry's setting, the runs' own overrides: "
+                f"{', '.join(departed)}; the verdicts are of that setting."] if departed else []),
              "", "## Verdicts", "",
              "| claim | verdict | measured |", "|---|---|---|"]
     lines += [f"| {claim.name} | {verdict} | {detail} |" for claim, verdict, detail in verdicts]
@@ -214,8 +235,9 @@ def judge(entry, folder: Path, flag: str = "--report") -> dict:
     train_len = trained[0]["train"]["seq_len"]
     verdicts = [(claim, *claim.judge(measured)) for claim in entry.claims]
     assert all(v in VERDICTS for _, v, _ in verdicts), verdicts
+    departed = departures(entry, records)
     text = render(entry, folder, records, measured, verdicts, train_len,
-                  notes(plan, left_out, entry.name))
+                  notes(plan, left_out, entry.name), departed)
     record = {
         "entry": entry.name, "paper": entry.paper, "where": entry.where,
         "setting": entry.setting, "at_paper_scale": entry.at_paper_scale(),
@@ -228,6 +250,7 @@ def judge(entry, folder: Path, flag: str = "--report") -> dict:
         "pairs": {str(col): None if x is None else _key(x)
                   for col, x in entry.pairs(measured).items()},
         "runs": [r["_dir"] for r in records if r["_file"] == RESULTS],
+        "departures": departed,
         "claims": [{"name": c.name, "statement": c.statement, "tolerance": c.tolerance,
                     "tolerance_text": c.tolerance_text(), "why": c.why, "verdict": verdict,
                     "detail": detail} for c, verdict, detail in verdicts],

@@ -105,6 +105,25 @@ def sweep_rows(entry, sweep: List[str]) -> List[str]:
     return rows
 
 
+def swept_keys(entry) -> set:
+    """The keys the entry's sweep varies (its experiment's hydra.sweeper.params and its own sweep
+    overrides), seed among them: a run's value of one of them is a row, not another setting."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    keys = {"seed"} | {override_key(o.input_line) for o in
+                       OverridesParser.create().parse_overrides(list(entry.sweep.overrides))
+                       if o.is_sweep_override()}
+    if entry.sweep.experiment:
+        GlobalHydra.instance().clear()
+        with initialize_config_module(config_module="posbench.conf", version_base=None):
+            cfg = compose(config_name="config", return_hydra_config=True,
+                          overrides=[f"+experiment={entry.sweep.experiment}"])
+        keys |= {override_key(k) for k in (cfg.hydra.sweeper.params or {})}
+    return keys
+
+
 def dry_run_line(entry, sweep: List[str]) -> str:
     """What the sweep's runs call for after it, for --dry-run."""
     jobs = Counter(sweep_rows(entry, sweep))
