@@ -174,3 +174,9 @@ def test_budgets_and_rates_is_the_default_study_over_rates_and_budgets():
     text = (Path(posbench.__file__).parent / "conf" / "experiment" /
             "budgets_and_rates.yaml").read_text()
     assert "+experiment=budgets_and_rates train.budget=flops train.lr=2e-3" in text
+    # as its file says: at this setting the six cost alike per token, RoPE the most
+    from posbench.runs.budget import plan
+    steps = {name: plan(posbench.compose(["+experiment=budgets_and_rates", f"encoding={name}",
+                                          "train.budget=flops"])).steps for name in CORE}
+    assert steps["rope"] == default.train.steps == min(steps.values())
+    assert max(steps.values()) <= default.train.steps * 1.002
