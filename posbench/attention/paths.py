@@ -114,7 +114,8 @@ class CausalSelfAttention(nn.Module):
                           else None)
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, encoding,
-                segments: Optional[torch.Tensor] = None, pos_is_index: bool = False) -> torch.Tensor:
+                segments: Optional[torch.Tensor] = None,
+                pos_is_index: bool = False) -> torch.Tensor:
         """`segments` (B, T): attention within each segment of the sequence as well (training's
         documents and windows, posbench/attention/span.py: Segmented), or None. `pos_is_index`:
         pos is the model's own 0..T-1 in every row (attend)."""
