@@ -11,6 +11,7 @@ from hydra.core.global_hydra import GlobalHydra
 
 import posbench
 from posbench.encodings import registry
+from posbench.reproduce import rescores
 from helpers import posbench_cli
 
 CORE = ["nope", "sinusoidal", "learned", "rope", "alibi", "t5"]
@@ -143,15 +144,8 @@ def test_each_retrieval_2025_row_is_its_encoding_and_only_drope_switches(row):
 
 
 def sweep_jobs(experiment, arguments=()):
-    """The jobs `posbench train -m +experiment=EXPERIMENT ARGUMENTS` launches, as Hydra's basic
-    sweeper makes them: its params, replaced key by key by the command line's."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    params = with_hydra(experiment).hydra.sweeper.params
-    parsed = OverridesParser.create().parse_overrides(
-        [f"{k}={v}" for k, v in params.items()] + list(arguments))
-    jobs = BasicSweeper.split_arguments(parsed, None)[0]
+    """The jobs `posbench train -m +experiment=EXPERIMENT ARGUMENTS` launches, each a dict."""
+    jobs = rescores.sweep_jobs([f"+experiment={experiment}", *arguments])
     return [dict(o.split("=", 1) for o in job) for job in jobs]
 
 

@@ -427,19 +427,17 @@ def _remap_probs(q, k, start, b, is_near, key_start=0, span: Span = GLOBAL, sink
 # at a time against only the keys those rows can see, which skips the masked half and stays in
 # cache. Custom ops, so that a compiled graph (train.compile) calls them as they are: traced
 # into the graph, the chunks' slice updates cost T5 15% of its step on CPU.
-@torch.library.custom_op("posbench::biased_attention", mutates_args=())
-def biased_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                     start: int) -> torch.Tensor:
+def _biased_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                    start: int) -> torch.Tensor:
     # detached: SDPA picks its unfused path for any mask that requires grad, even here
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.detach().expand(
         *q.shape[:2], *mask.shape[2:]))
 
 
-@biased_attention.register_fake
-def _(q, k, v, mask, start):
-    # SDPA's own output layout, which the fused kernel picks
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.expand(*q.shape[:2],
-                                                                          *mask.shape[2:]))
+biased_attention = torch.library.custom_op("posbench::biased_attention",
+                                           mutates_args=())(_biased_forward)
+# on fake tensors the same body gives SDPA's own output layout, which the fused kernel picks
+biased_attention.register_fake(_biased_forward)
 
 
 @torch.library.custom_op("posbench::biased_attention_backward", mutates_args=())

@@ -79,24 +79,42 @@ def notes(plan: List[Wanted], left_out: List[dict], name: str) -> List[str]:
     return lines
 
 
-def sweep_rows(entry, sweep: List[str]) -> List[str]:
-    """The row of each job of `posbench train -m <sweep>`: the jobs as Hydra's basic sweeper
-    expands them (the experiment's hydra.sweeper.params, then the command line), each composed."""
+def sweeper_params(overrides: List[str]) -> dict:
+    """hydra.sweeper.params of the config that `overrides` (none a sweep) compose: what an
+    experiment sweeps."""
     from hydra import compose, initialize_config_module
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from posbench.config import to_container
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="posbench.conf", version_base=None):
+        cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+    return dict(cfg.hydra.sweeper.params or {})
+
+
+def sweep_jobs(sweep: List[str]) -> List[List[str]]:
+    """The jobs of `posbench train -m <sweep>` as Hydra's basic sweeper expands them: the
+    experiment's hydra.sweeper.params, replaced key by key by the command line's."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
     fixed = [o.input_line for o in parser.parse_overrides(sweep) if not o.is_sweep_override()]
+    params = [f"{k}={v}" for k, v in sweeper_params(fixed).items()]
+    (jobs,) = BasicSweeper.split_arguments(parser.parse_overrides(params + sweep), None)
+    return jobs
+
+
+def sweep_rows(entry, sweep: List[str]) -> List[str]:
+    """The row of each job of `posbench train -m <sweep>` (sweep_jobs), each composed."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    from posbench.config import to_container
+
+    jobs = sweep_jobs(sweep)
     rows = []
     GlobalHydra.instance().clear()
     with initialize_config_module(config_module="posbench.conf", version_base=None):
-        hydra_cfg = compose(config_name="config", overrides=fixed, return_hydra_config=True)
-        params = [f"{k}={v}" for k, v in (hydra_cfg.hydra.sweeper.params or {}).items()]
-        (jobs,) = BasicSweeper.split_arguments(parser.parse_overrides(params + sweep), None)
         for job in jobs:
             cfg = compose(config_name="config",
                           overrides=[o for o in job if not override_key(o).startswith("hydra")])
@@ -108,19 +126,14 @@ def sweep_rows(entry, sweep: List[str]) -> List[str]:
 def swept_keys(entry) -> set:
     """The keys the entry's sweep varies (its experiment's hydra.sweeper.params and its own sweep
     overrides), seed among them: a run's value of one of them is a row, not another setting."""
-    from hydra import compose, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     keys = {"seed"} | {override_key(o.input_line) for o in
                        OverridesParser.create().parse_overrides(list(entry.sweep.overrides))
                        if o.is_sweep_override()}
     if entry.sweep.experiment:
-        GlobalHydra.instance().clear()
-        with initialize_config_module(config_module="posbench.conf", version_base=None):
-            cfg = compose(config_name="config", return_hydra_config=True,
-                          overrides=[f"+experiment={entry.sweep.experiment}"])
-        keys |= {override_key(k) for k in (cfg.hydra.sweeper.params or {})}
+        keys |= {override_key(k) for k in
+                 sweeper_params([f"+experiment={entry.sweep.experiment}"])}
     return keys
 
 
