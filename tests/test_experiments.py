@@ -12,6 +12,7 @@ from hydra.core.global_hydra import GlobalHydra
 import posbench
 from posbench.encodings import registry
 from posbench.reproduce import rescores
+from posbench.runs.budget import plan
 from helpers import posbench_cli
 
 CORE = ["nope", "sinusoidal", "learned", "rope", "alibi", "t5"]
@@ -169,7 +170,6 @@ def test_budgets_and_rates_is_the_default_study_over_rates_and_budgets():
             "budgets_and_rates.yaml").read_text()
     assert "+experiment=budgets_and_rates train.budget=flops train.lr=2e-3" in text
     # as its file says: at this setting the six cost alike per token, RoPE the most
-    from posbench.runs.budget import plan
     steps = {name: plan(posbench.compose(["+experiment=budgets_and_rates", f"encoding={name}",
                                           "train.budget=flops"])).steps for name in CORE}
     assert steps["rope"] == default.train.steps == min(steps.values())
