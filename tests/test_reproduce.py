@@ -232,6 +232,7 @@ def test_an_entry_runs_its_sweep_and_writes_the_papers_numbers_beside_posbenchs(
     assert record["entry"] == "alibi_table2_cpu" and not record["at_paper_scale"]
     assert set(record["measured"]) == {"rope", "alibi"}
     assert set(record["measured"]["rope"]) == {"1", "2", "4"}
+    assert record["figure"] is None and not (sweep / "reproduction.png").exists()
     assert [c["name"] for c in record["claims"]] == ["parity_at_L", "order_past_2L",
                                                      "alibi_flat", "rope_growth", "t5_growth"]
     assert all(c["verdict"] in VERDICTS for c in record["claims"])

@@ -10,6 +10,7 @@ import pytest
 from helpers import posbench_cli
 from posbench.reproduce import NOT_COMPARABLE, NOT_REPRODUCED, REPRODUCED, Measured, registry
 from posbench.reproduce.claims import RankOrder, reciprocal_ranks
+from posbench.reproduce.judge import task_panels
 
 ENTRY = registry()["kazemnejad2023"].cls
 ENCODINGS = ("nope", "t5", "alibi", "rope", "sinusoidal")
@@ -218,6 +219,32 @@ def test_the_report_ranks_each_seed_on_its_own_runs_and_shows_the_seeds_range():
     assert "| nope | 1.000 | 1.000 |" in one
 
 
+def test_the_figure_has_a_panel_per_task_with_each_seeds_point_and_the_mean_of_seeds():
+    """Copy in two seeds for nope and rope, reverse in seed 0 for nope alone: two panels in the
+    entry's order of tasks, the means and each seed's values as written here, bands only where
+    two seeds ran (a t-interval with one degree of freedom: 12.706 * |a - b| / 2)."""
+    runs = [record("copy", "nope", 0, 41, [(41, 1.0), (81, 0.4)]),
+            record("copy", "nope", 1, 41, [(41, 0.8), (81, 0.0)]),
+            record("copy", "rope", 0, 41, [(41, 1.0), (81, 0.0)]),
+            record("copy", "rope", 1, 41, [(41, 1.0), (81, 0.0)]),
+            record("reverse", "nope", 0, 41, [(41, 0.5)])]
+    panels = task_panels(ENTRY, ENTRY.measure(runs))
+    assert list(panels) == ["copy", "reverse"] and list(panels["copy"]) == ["nope", "rope"]
+    points, seeds = panels["copy"]["nope"]
+    assert [(x, v) for x, v, _ in points] == [(1.0, pytest.approx(0.9)),
+                                              (2.0, pytest.approx(0.2))]
+    assert [b for _, _, b in points] == [pytest.approx(12.706 * 0.1, abs=1e-3),
+                                         pytest.approx(12.706 * 0.2, abs=1e-3)]
+    assert sorted(seeds) == [(1.0, 0.8), (1.0, 1.0), (2.0, 0.0), (2.0, 0.4)]
+    assert panels["copy"]["rope"][0][1][2] == 0.0  # two seeds alike: no spread
+    assert panels["reverse"]["nope"] == ([(1.0, 0.5, pytest.approx(0.0))], [(1.0, 0.5)])
+    # one seed: no bands and no circles
+    alone = task_panels(ENTRY, ENTRY.measure([r for r in runs if r["seed"] == 0]))
+    assert alone["copy"]["nope"] == ([(1.0, 1.0, None), (2.0, 0.4, None)], None)
+    # an entry by length draws no panels
+    assert task_panels(registry()["alibi_table2_cpu"].cls, ENTRY.measure(runs)) == {}
+
+
 def test_the_entry_runs_at_a_toy_scale_through_the_cli(tmp_path):
     sweep = tmp_path / "sweep"
     done = posbench_cli(
@@ -234,6 +261,8 @@ def test_the_entry_runs_at_a_toy_scale_through_the_cli(tmp_path):
     assert results["train"]["seq_len"] == 41
     assert [p["length"] for p in results["eval"]["curve"]] == [11, 21, 31, 41, 51, 61, 71, 81]
     assert "## copy: exact match by instance size over L" in done.stdout
+    assert record["figure"] == "reproduction.png" and (sweep / "reproduction.png").is_file()
+    assert "![each task's score by instance size over L" in (sweep / "reproduction.md").read_text()
     assert "| nope | 0.69 |" in done.stdout
     # two of the five encodings: no task was measured for every one
     assert "posbench's over the 0 of its 8 measured for every encoding" in done.stdout

@@ -1,6 +1,6 @@
 """Plots shared by a run's results, the report, inspect, retrieval and the training log: a metric
-against length with plain tick labels and a legend beside the axes, per-position losses, and one
-way of writing a figure (matplotlib's file-only Agg backend, written atomically)."""
+against length with plain tick labels and a legend beside the axes, small multiples of a score
+per task, per-position losses, and one way of writing a figure (matplotlib's file-only Agg backend, written atomically)."""
 from __future__ import annotations
 
 import math
@@ -173,6 +173,50 @@ def plot_curves(series: Dict[str, List[Tuple[int, float, Optional[float]]]], tra
                  fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
     legend_beside(ax)
+    save_figure(plt, fig, path)
+
+
+def plot_panels(panels: Dict[str, Dict[str, Tuple[list, Optional[list]]]], path: Path,
+                title: str, xlabel: str, ylabel: str) -> None:
+    """Small multiples of a score in [0, 1] against x over L: one panel per key of `panels` (a
+    task), in it one curve per label, given as ((x, mean, +-band or None) points, each seed's
+    (x, value) or None) and drawn as draw_curve draws it, in the same colour in every panel;
+    L marked; one legend for all. For entries over many tasks, whose curves would crowd one
+    axis. Written atomically."""
+    plt = pyplot()
+    columns = min(4, len(panels))
+    rows = math.ceil(len(panels) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 2.6 * rows), sharex=True,
+                             sharey=True, squeeze=False)
+    labels = list(dict.fromkeys(label for curves in panels.values() for label in curves))
+    colours = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20").colors
+    colour_of = {label: colours[i % len(colours)] for i, label in enumerate(labels)}
+    flat = list(axes.flat)
+    for ax, (name, curves) in zip(flat, panels.items()):
+        ax.axvline(1.0, color="gray", linestyle="--", linewidth=0.8, label="L")
+        for label, (points, seeds) in curves.items():
+            draw_curve(ax, points, colour_of[label], label, seeds, marker="o", markersize=3)
+        ax.set_title(name, fontsize=9)
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(True, alpha=0.3)
+    for i, ax in enumerate(flat):
+        if i >= len(panels):
+            ax.set_visible(False)
+        # the lowest panel of each column carries the x labels, under an empty slot too
+        elif i + columns >= len(panels):
+            ax.xaxis.set_tick_params(labelbottom=True)
+            ax.set_xlabel(xlabel)
+    for row in axes:
+        row[0].set_ylabel(ylabel)
+    handles = {}
+    for ax in flat[:len(panels)]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    fig.legend(list(handles.values()), list(handles), loc="center left",
+               bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
+    fig.suptitle("\n".join(textwrap.fill(line, 100) for line in title.split("\n")),
+                 fontsize=10)
+    fig.tight_layout()
     save_figure(plt, fig, path)
 
 

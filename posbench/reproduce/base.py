@@ -11,6 +11,7 @@ in this package, registered as encodings and evaluations are:
         axis = "length"                      # or "size", or "score" (below)
         metric = "ppl"                       # or "accuracy" (a task's exact match), or
                                              # "token_accuracy" (its answer tokens right)
+        x_name = "instance size"             # axis "score": the x over L of its figure
         paper_train_length = 512
         sweep = Sweep(experiment=None, overrides=("encoding=rope,alibi", ...))
         groups = ("rope", "alibi")           # the encodings compared
@@ -89,6 +90,7 @@ class Reproduction:
     reduction: ClassVar[str] = ""  # what is reduced from the paper's setting; "": none
     axis: ClassVar[str]
     metric: ClassVar[str] = "ppl"
+    x_name: ClassVar[str] = "evaluation length"  # what is over L on the x of the score axis
     paper_train_length: ClassVar[int]
     sweep: ClassVar[Sweep]
     groups: ClassVar[Tuple[str, ...]]

@@ -1,9 +1,10 @@
 """Judge a reproduction's finished runs: the paper's numbers beside posbench's, each claim with
-its verdict, into reproduction.md and reproduction.json in the sweep dir (each written
-atomically), and the same table printed. The runs are read as `posbench report` reads them
-(posbench/reports/report.py: find_runs, aggregate), with an entry's declared re-scores as the runs
-of its re-scored rows (posbench/reproduce/rescores.py); reproduction.json also marks the folder as
-the entry's, so that another entry's --report refuses it."""
+its verdict, into reproduction.md and reproduction.json in the sweep dir, and for an entry over
+tasks reproduction.png, a panel per task (each written atomically); the same table printed. The
+runs are read as `posbench report` reads them (posbench/reports/report.py: find_runs,
+aggregate), with an entry's declared re-scores as the runs of its re-scored rows
+(posbench/reproduce/rescores.py); reproduction.json also marks the folder as the entry's, so that
+another entry's --report refuses it."""
 from __future__ import annotations
 
 import json
@@ -15,6 +16,7 @@ from typing import Dict, List, Optional, Tuple
 import yaml
 
 from posbench.core.errors import ConfigError
+from posbench.core.plots import plot_panels
 from posbench.core.io import write_json, write_text
 from posbench.reports.report import find_runs
 from posbench.reports.by_size import size_label
@@ -24,7 +26,7 @@ from posbench.reproduce.rescores import judged, notes, swept_keys
 from posbench.runs.results import RESULTS
 from posbench.core.version import __version__
 
-REPORT_MD, REPORT_JSON = "reproduction.md", "reproduction.json"
+REPORT_MD, REPORT_JSON, FIGURE = "reproduction.md", "reproduction.json", "reproduction.png"
 
 
 def finished_records(folder: Path) -> List[dict]:
@@ -149,6 +151,41 @@ def seed_values(seeds: Dict[int, Measured], group: str, x: float) -> List[float]
     return [m.values[group][x] for m in seeds.values() if x in m.values.get(group, {})]
 
 
+def task_panels(entry, measured: Measured) -> Dict[str, Dict[str, tuple]]:
+    """The figure of an entry over tasks (axis "score", `<task>/<row>` groups): task -> row ->
+    ((x, mean, 95% band) points, each seed's (x, value)), in the order of the entry's groups;
+    bands and seeds only where more than one seed ran. {} for the other axes."""
+    if entry.axis != "score":
+        return {}
+    seeds = entry.per_seed(measured)
+    several = len(seeds) > 1
+    panels: Dict[str, Dict[str, tuple]] = {}
+    for group in entry.groups:
+        row = measured.values.get(group)
+        if not row:
+            continue
+        task, _, name = group.rpartition("/")
+        band = measured.spread.get(group, {})
+        points = [(x, v, band.get(x) if several else None) for x, v in sorted(row.items())]
+        each = [(x, v) for m in seeds.values() for x, v in m.values.get(group, {}).items()]
+        panels.setdefault(task, {})[name] = (points, each if several else None)
+    return panels
+
+
+def draw_tasks(entry, measured: Measured, path: Path) -> bool:
+    """task_panels drawn as small multiples at `path`; False where there is nothing to draw."""
+    panels = task_panels(entry, measured)
+    if not panels:
+        return False
+    seeds = len(entry.per_seed(measured))
+    score = measured.score if entry.metric == "accuracy" else entry.metric.replace("_", " ")
+    title = (f"posbench reproduce {entry.name}: {score} by {entry.x_name} over L"
+             + (f"\nline: mean of {seeds} seeds; shaded: its 95% interval (Student t); circles: "
+                "each seed" if seeds > 1 else ""))
+    plot_panels(panels, path, title, f"{entry.x_name} / L", score)
+    return True
+
+
 def paired_tables(entry, measured: Measured, train_len: int) -> List[str]:
     """The published numbers beside posbench's, by length (and as ratios to L) or by size."""
     what = "at the training length by model size" if entry.axis == "size" else "by length"
@@ -187,7 +224,7 @@ def departures(entry, records: List[dict]) -> List[str]:
 
 def render(entry, folder: Path, records: List[dict], measured: Measured,
            verdicts: List[Tuple[Claim, str, str]], train_len: int,
-           rescore_notes: List[str], departed: List[str]) -> str:
+           rescore_notes: List[str], departed: List[str], figure: bool = False) -> str:
     trained = sum(r["_file"] == RESULTS for r in records)
     rescored = len(records) - trained
     seeds: Dict[str, int] = {}
@@ -211,6 +248,9 @@ def render(entry, folder: Path, records: List[dict], measured: Measured,
     lines += ["", "Each claim, its tolerance and why:", ""]
     lines += [f"- **{claim.name}** ({verdict}): {claim.statement}. Tolerance "
               f"{claim.tolerance_text()}: {claim.why}." for claim, verdict, _ in verdicts]
+    if figure:
+        lines += ["", f"![each task's score by {entry.x_name} over L, one panel per task]"
+                      f"({FIGURE})"]
     lines += entry.tables(measured, train_len)
     return "\n".join(lines) + "\n"
 
@@ -236,8 +276,9 @@ def judge(entry, folder: Path, flag: str = "--report") -> dict:
     verdicts = [(claim, *claim.judge(measured)) for claim in entry.claims]
     assert all(v in VERDICTS for _, v, _ in verdicts), verdicts
     departed = departures(entry, records)
+    drawn = draw_tasks(entry, measured, folder / FIGURE)
     text = render(entry, folder, records, measured, verdicts, train_len,
-                  notes(plan, left_out, entry.name), departed)
+                  notes(plan, left_out, entry.name), departed, drawn)
     record = {
         "entry": entry.name, "paper": entry.paper, "where": entry.where,
         "setting": entry.setting, "at_paper_scale": entry.at_paper_scale(),
@@ -250,7 +291,7 @@ def judge(entry, folder: Path, flag: str = "--report") -> dict:
         "pairs": {str(col): None if x is None else _key(x)
                   for col, x in entry.pairs(measured).items()},
         "runs": [r["_dir"] for r in records if r["_file"] == RESULTS],
-        "departures": departed,
+        "departures": departed, "figure": FIGURE if drawn else None,
         "claims": [{"name": c.name, "statement": c.statement, "tolerance": c.tolerance,
                     "tolerance_text": c.tolerance_text(), "why": c.why, "verdict": verdict,
                     "detail": detail} for c, verdict, detail in verdicts],
@@ -264,5 +305,5 @@ def judge(entry, folder: Path, flag: str = "--report") -> dict:
     write_text(folder / REPORT_MD, text)
     write_json(folder / REPORT_JSON, record)
     print(text)
-    print(f"wrote {folder / REPORT_MD}, {REPORT_JSON}")
+    print(f"wrote {folder / REPORT_MD}, {REPORT_JSON}" + (f", {FIGURE}" if drawn else ""))
     return record

@@ -39,6 +39,7 @@ class Kazemnejad2023(Reproduction):
                  "the tasks (8 of the paper's 10: SCAN and PCFG need their data) and the "
                  "evaluation (8 sizes against every size 1..2L); no scratchpad")
     axis = "score"
+    x_name = "instance size"
     metric = "accuracy"
     paper_train_length = 20
     sweep = Sweep(experiment="kazemnejad2023")

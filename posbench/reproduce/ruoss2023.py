@@ -62,6 +62,7 @@ class Ruoss2023(Reproduction):
                  "window reads the first of the window's sorted draws (gaps about M over the "
                  "window) where the reference draws for each batch's own length")
     axis = "score"
+    x_name = "instance size"
     metric = "token_accuracy"  # the reference's accuracy: the scored tokens right, pooled
     paper_train_length = 40
     sweep = Sweep(experiment="ruoss2023")
