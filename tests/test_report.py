@@ -15,7 +15,8 @@ def run_record(name, seed, ppls, status="ok", seq_len=32, accuracy=None, **confi
     curve = [{"length": n, "loss": math.log(p), "ppl": p} for n, p in ppls.items()]
     for point, acc in zip(curve, accuracy or []):
         point["accuracy"] = acc
-    return {"encoding": name, "seed": seed, "status": status,
+    dataset = config.get("dataset", {"name": "task_copy" if accuracy else "pystdlib"})
+    return {"encoding": name, "seed": seed, "status": status, "dataset": dataset,
             "train": {"seq_len": seq_len}, "eval": {"protocol": "nonoverlapping", "curve": curve},
             "config": {"encoding": {"name": name}, "seed": seed,
                        "train": {"seq_len": seq_len}, **config}}
@@ -85,6 +86,38 @@ def test_tasks_get_an_accuracy_table_and_plot(tmp_path):
     summary = (tmp_path / "summary.md").read_text()
     assert "Exact-match accuracy" in summary and "| rope | 0.950 ± 0.635 | 0.000 ± 0.000 |" in summary
     assert summary_rows(tmp_path)[("rope", 32)]["accuracy_mean"] == "0.95"
+    assert (tmp_path / "accuracy_vs_length.png").stat().st_size > 0
+
+
+def test_several_tasks_get_a_panel_each_their_groups_labelled_within_the_task(tmp_path):
+    """Two tasks at their own training lengths, NoPE and RoPE on each in two seeds, and a
+    re-score of copy's RoPE: one panel per task, its curves named by encoding alone (the
+    task is the panel's), the re-score by its change, each task's own L, each seed's points."""
+    for task, n in (("task_copy", 41), ("task_parity", 17)):
+        for enc in ("nope", "rope"):
+            for seed in (0, 1):
+                write(tmp_path, f"{task}-{enc}-{seed}",
+                      run_record(enc, seed, {n: 1.5, 2 * n: 3.0}, seq_len=n,
+                                 accuracy=[1.0, 0.25 * seed], dataset={"name": task}))
+    rescore = run_record("rope", 0, {41: 1.5, 82: 2.0}, seq_len=41, accuracy=[1.0, 0.5],
+                         dataset={"name": "task_copy"})
+    rescore.update(rescore={"label": "pi", "changes": {"eval.rope_scaling": "pi"}})
+    (tmp_path / "task_copy-rope-0" / "results.eval-pi.json").write_text(json.dumps(rescore))
+    from posbench.reports.report import by_task, find_runs, groups_of
+
+    groups, _, base_of, _, _ = groups_of(find_runs(tmp_path)[0])
+    series = {label: [(41, 1.0, None)] for label in groups}
+    seeds = {label: [(41, 1.0), (41, 0.5)] for label in groups}
+    panels, lengths = by_task(groups, series, seeds, base_of)
+    assert lengths == {"task_copy": 41, "task_parity": 17}
+    assert set(panels["task_parity"]) == {"nope", "rope"}
+    assert set(panels["task_copy"]) == {"nope", "rope", "rope (pi)"}
+    copy_rope = next(label for label in groups if label.startswith("rope [")
+                     and groups[label][0]["dataset"]["name"] == "task_copy")
+    assert panels["task_copy"]["rope"] == (series[copy_rope], seeds[copy_rope])
+    parity = {label: groups[label] for label in groups if "parity" in label}
+    assert by_task(parity, {label: series[label] for label in parity}, seeds, {}) == ({}, {})
+    write_report(tmp_path)
     assert (tmp_path / "accuracy_vs_length.png").stat().st_size > 0
 
 

@@ -74,13 +74,13 @@ def plain_log_y(ax) -> None:
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: plain_number(v)))
 
 
-def plain_length_axes(ax, lengths: List[int], log_y: bool) -> None:
-    """Ticks at the evaluated lengths (at most 12) and, on a log y axis, at round values; all
-    labelled as plain numbers."""
+def plain_length_axes(ax, lengths: List[int], log_y: bool, most: int = 12) -> None:
+    """Ticks at the evaluated lengths (at most `most`) and, on a log y axis, at round values;
+    all labelled as plain numbers."""
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
     lengths = sorted(set(lengths))
-    every = math.ceil(len(lengths) / 12)
+    every = math.ceil(len(lengths) / most)
     ax.xaxis.set_major_locator(FixedLocator(lengths[::every]))
     ax.xaxis.set_minor_locator(NullLocator())
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: plain_number(v)))
@@ -177,33 +177,39 @@ def plot_curves(series: Dict[str, List[Tuple[int, float, Optional[float]]]], tra
 
 
 def plot_panels(panels: Dict[str, Dict[str, Tuple[list, Optional[list]]]], path: Path,
-                title: str, xlabel: str, ylabel: str) -> None:
-    """Small multiples of a score in [0, 1] against x over L: one panel per key of `panels` (a
-    task), in it one curve per label, given as ((x, mean, +-band or None) points, each seed's
-    (x, value) or None) and drawn as draw_curve draws it, in the same colour in every panel;
-    L marked; one legend for all. For entries over many tasks, whose curves would crowd one
-    axis. Written atomically."""
+                title: str, xlabel: str, ylabel: str,
+                lengths: Optional[Dict[str, int]] = None) -> None:
+    """Small multiples of a score in [0, 1]: one panel per key of `panels` (a task), in it one
+    curve per label, given as ((x, mean, +-band or None) points, each seed's (x, value) or None)
+    and drawn as draw_curve draws it, in the same colour in every panel; one legend for all. x
+    is a length over L, shared by the panels, with L at 1; or, with `lengths` (panel -> its
+    training length), each panel's own lengths in tokens with its L marked. For
+    sweeps over several tasks, whose curves would crowd one axis. Written atomically."""
     plt = pyplot()
     columns = min(4, len(panels))
     rows = math.ceil(len(panels) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 2.6 * rows), sharex=True,
-                             sharey=True, squeeze=False)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 2.6 * rows),
+                             sharex=lengths is None, sharey=True, squeeze=False)
     labels = list(dict.fromkeys(label for curves in panels.values() for label in curves))
     colours = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20").colors
     colour_of = {label: colours[i % len(colours)] for i, label in enumerate(labels)}
     flat = list(axes.flat)
     for ax, (name, curves) in zip(flat, panels.items()):
-        ax.axvline(1.0, color="gray", linestyle="--", linewidth=0.8, label="L")
+        mark = 1.0 if lengths is None else lengths[name]
+        ax.axvline(mark, color="gray", linestyle="--", linewidth=0.8, label="L")
         for label, (points, seeds) in curves.items():
             draw_curve(ax, points, colour_of[label], label, seeds, marker="o", markersize=3)
+        if lengths is not None:
+            plain_length_axes(ax, [x for points, _ in curves.values() for x, _, _ in points],
+                              log_y=False, most=5)
         ax.set_title(name, fontsize=9)
         ax.set_ylim(-0.02, 1.02)
         ax.grid(True, alpha=0.3)
     for i, ax in enumerate(flat):
         if i >= len(panels):
             ax.set_visible(False)
-        # the lowest panel of each column carries the x labels, under an empty slot too
-        elif i + columns >= len(panels):
+        # the lowest panel of each column carries the x labels, above an empty slot too
+        elif i + columns >= len(panels) or lengths is not None:
             ax.xaxis.set_tick_params(labelbottom=True)
             ax.set_xlabel(xlabel)
     for row in axes:

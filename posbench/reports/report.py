@@ -5,9 +5,10 @@ except the seed: seeds of one group are averaged, with a 95% Student-t interval 
 a second run with a seed its group already has is a repeat, counted once. Each re-score
 (results.eval-*.json) is a group of its own, labelled by what it changed and drawn over the
 curve it re-scored; one that changed only eval.retrieval.* keys adds retrieval rows alone (its
-perplexity copies its original's). Task datasets add exact-match accuracy; runs scored on RULER
-or LongPPL add those by group (long_context.py). Runs that failed, were interrupted, were refused
-at their start or left no results.json are listed.
+perplexity copies its original's). Task datasets add exact-match accuracy, drawn a panel per task
+when there are several; runs scored on RULER or LongPPL add those by group (long_context.py).
+Runs that failed, were interrupted, were refused at their start or left no results.json are
+listed.
 Perplexities of two eval.protocol values are not comparable (sliding windows give each token more
 context): a folder holding several says so in one line, the gap at the training length compares
 groups of one protocol, and `--protocol NAME` reports one alone.
@@ -36,7 +37,7 @@ from posbench.reports import (by_size, long_context, paired, position_frequency,
 from posbench.reports.stats import BAND, mean_band
 from posbench.core.parity import UNDER_TRAINED, Gap, parity_gaps
 from posbench.runs.extend import plot_sweep
-from posbench.core.plots import METRICS, plot_curves
+from posbench.core.plots import METRICS, plot_curves, plot_panels
 from posbench.runs.rescore import change_label, eval_changes, override_text
 from posbench.runs.results import REFUSED, RESULTS, load_results, rescore_label
 
@@ -222,6 +223,30 @@ def groups_of(runs: List[dict]) -> Tuple[Dict[str, List[dict]], Dict[str, List[d
                            f"{same['_dir']}/{same['_file']} (same config and seed "
                            f"{record.get('seed')}): counted once")
     return dict(groups), dict(retrieval_rows), base_of, repeats, unlabelled
+
+
+def by_task(groups: Dict[str, List[dict]], series: Dict[str, list],
+            seeds: Dict[str, list], base_of: Dict[str, str]) -> Tuple[Dict[str, dict],
+                                                                     Dict[str, int]]:
+    """A metric's curves split by task (dataset name) for plots.plot_panels: task -> label
+    within it (group_label of its own groups, so the task no longer names each one) -> (points,
+    each seed's points), and task -> its training length; ({}, {}) for one task."""
+    tasks: Dict[str, List[str]] = defaultdict(list)
+    for label in series:
+        tasks[groups[label][0]["dataset"]["name"]].append(label)
+    if len(tasks) < 2:
+        return {}, {}
+    panels, lengths = {}, {}
+    for task, labels in tasks.items():
+        originals = [label for label in labels if label not in base_of]
+        short, _ = group_label([groups[label][0] for label in originals])
+        name = {label: short[i] for i, label in enumerate(originals)}
+        # a re-score: its original's short label and its change, `rope (pi)`
+        name.update({label: name.get(base_of[label], base_of[label])
+                     + label[len(base_of[label]):] for label in labels if label in base_of})
+        panels[task] = {name[label]: (series[label], seeds.get(label)) for label in labels}
+        lengths[task] = groups[labels[0]][0]["train"]["seq_len"]
+    return panels, lengths
 
 
 def in_table_order(by_label: Dict[str, Any]) -> Dict[str, Any]:
@@ -498,10 +523,17 @@ def write_report(root: Path, only: Optional[str] = None) -> Dict[str, dict]:
         each_seed = {label: [(p["length"], p[metric]) for run in groups[label]
                              for p in run["eval"]["curve"] if metric in p]
                      for label in series if len(groups[label]) > 1}
+        title = (f"{METRICS[metric][0]} vs length ({len(ok) - rescored} runs"
+                 + (f", {rescored} re-scores" if rescored else "") + ")")
+        panels, lengths = by_task(groups, {label: series[label] for label in order}, each_seed,
+                                  base_of) if metric == "accuracy" else ({}, {})
+        if panels:  # a panel per task: their lengths and curves would crowd one axis
+            plot_panels(panels, root / f"{metric}_vs_length.png",
+                        title + (f"\nshaded: {BAND}; circles: each seed" if seeds > 1 else ""),
+                        "evaluation length (tokens)", METRICS[metric][0], lengths)
+            continue
         plot_curves({label: series[label] for label in order}, train_lens[0],
-                    root / f"{metric}_vs_length.png",
-                    title=f"{METRICS[metric][0]} vs length ({len(ok) - rescored} runs"
-                          + (f", {rescored} re-scores" if rescored else "") + ")",
+                    root / f"{metric}_vs_length.png", title=title,
                     band_label=f"{BAND}; circles: each seed" if seeds > 1 else "",
                     metric=metric, gaps=gaps if metric == "ppl" else None, base_of=base_of,
                     seeds=each_seed)
