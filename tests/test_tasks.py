@@ -39,12 +39,12 @@ def test_every_task_is_registered_and_keeps_its_fingerprint():
                      "task_copy_repeat", "task_copy_repeat_2x", "task_copy_replace",
                      "task_counting_1", "task_counting_3", "task_counting_5",
                      "task_cycle_navigation", "task_duplicate_string", "task_even_pairs",
-                     "task_induction", "task_lego", "task_lego_perm",
+                     "task_flip_flop", "task_induction", "task_lego", "task_lego_perm",
                      "task_missing_duplicate_string", "task_modular_arithmetic",
                      "task_modular_arithmetic_brackets", "task_odds_first", "task_parity",
                      "task_parity_check", "task_poly",
                      "task_recall", "task_reverse", "task_reverse_2x", "task_reverse_copy",
-                     "task_reverse_string", "task_solve_equation",
+                     "task_reverse_string", "task_selective_copy", "task_solve_equation",
                      "task_sort_multi", "task_sort_single", "task_stack_manipulation",
                      "task_sum_mod"]
     spec = {"task_addition": "Addition(symbols=10)", "task_copy": "Copy(symbols=16)",
@@ -82,7 +82,10 @@ def test_every_task_is_registered_and_keeps_its_fingerprint():
             # Golovneva et al.'s counting (posbench/data/counting.py)
             "task_counting_1": "Counting1(symbols=17, nvars=1, weights=(1, 50, 7), max_value=10)",
             "task_counting_3": "Counting3(symbols=19, nvars=3, weights=(1, 50, 7), max_value=10)",
-            "task_counting_5": "Counting5(symbols=21, nvars=5, weights=(1, 50, 7), max_value=10)"}
+            "task_counting_5": "Counting5(symbols=21, nvars=5, weights=(1, 50, 7), max_value=10)",
+            # Liu et al.'s flip-flop and Gu and Dao's selective copying
+            "task_flip_flop": "FlipFlop(symbols=5, ignore=0.8)",
+            "task_selective_copy": "SelectiveCopy(symbols=15, memorize=16)"}
     for name in TASKS:
         digest = hashlib.sha256(f"{name},{spec[name]},version=2".encode()).hexdigest()
         assert task_data(name).fingerprint == f"sha256:{digest}"
