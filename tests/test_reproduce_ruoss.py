@@ -183,6 +183,7 @@ def test_runs_are_grouped_by_task_and_row_at_their_instance_size():
     assert measured.values == {"even_pairs/alibi": {1.0: 0.95, 2.5: 0.375},
                                "even_pairs/randomized_alibi": {1.0: 1.0, 2.5: 0.75},
                                "duplicate_string/rope": {1.0: 0.98, 2.5: 0.4}}
+    assert measured.score == "token accuracy"  # as the verdicts and the figure name it
     assert ENTRY.owns(runs) == []
     assert ENTRY.owns([record("even_pairs", {"name": "randomized", "base": "t5"}, 0, 42,
                               [(42, 1.0)])]) == ["even_pairs/randomized_t5"]

@@ -53,6 +53,8 @@ from posbench.reproduce.claims import Claim, Measured
 DEVICES = ("cpu", "cuda")
 AXES = ("length", "size", "score")
 METRICS = ("ppl", "accuracy", "token_accuracy")
+# what a metric's values are, as the verdicts and the figure name them (Measured.score)
+SCORES = {"ppl": "perplexity", "accuracy": "exact match", "token_accuracy": "token accuracy"}
 
 
 @dataclass(frozen=True)
@@ -161,7 +163,7 @@ class Reproduction:
             spread[group].update({x: s["ci95"] for x, s in points.items()})
         runs = dict(by_group) if cls.axis != "size" else {}
         return Measured(dict(values), at_paper_scale=cls.at_paper_scale(), spread=dict(spread),
-                        runs=runs, lengths=dict(lengths))
+                        runs=runs, lengths=dict(lengths), score=SCORES[cls.metric])
 
     @classmethod
     def pairs(cls, measured: Measured) -> Dict[Any, Optional[float]]:

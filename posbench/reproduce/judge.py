@@ -178,11 +178,10 @@ def draw_tasks(entry, measured: Measured, path: Path) -> bool:
     if not panels:
         return False
     seeds = len(entry.per_seed(measured))
-    score = measured.score if entry.metric == "accuracy" else entry.metric.replace("_", " ")
-    title = (f"posbench reproduce {entry.name}: {score} by {entry.x_name} over L"
+    title = (f"posbench reproduce {entry.name}: {measured.score} by {entry.x_name} over L"
              + (f"\nline: mean of {seeds} seeds; shaded: its 95% interval (Student t); circles: "
                 "each seed" if seeds > 1 else ""))
-    plot_panels(panels, path, title, f"{entry.x_name} / L", score)
+    plot_panels(panels, path, title, f"{entry.x_name} / L", measured.score)
     return True
 
 
