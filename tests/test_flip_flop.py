@@ -1,14 +1,12 @@
 """Liu et al.'s flip-flop language (posbench/data/flip_flop.py): every instance read back and
 replayed by an oracle written here (each read's bit found by looking back for the last write),
 the answers exactly the bits after r, FFL(0.8)'s instruction frequencies and fair coins
-elsewhere, sizes in pairs, and the task trained and scored through the CLI."""
-import json
-
+elsewhere, and sizes in pairs (tests/test_tasks.py holds every task to the shared contract:
+windows, seeding, fingerprints, training)."""
 import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from helpers import posbench_cli
 from posbench.data import prepare
 from posbench.data.tasks import BOS, FIRST
 
@@ -32,9 +30,9 @@ def replayed(seq):
 
 @pytest.mark.parametrize("size", [2, 3, 17, 200])
 def test_every_read_gives_back_the_last_bit_written_and_is_the_answer(size):
-    rng = np.random.default_rng(size)
+    rng, t = np.random.default_rng(size), task()
     for _ in range(50):
-        seq, answer = task().make(rng, size)
+        seq, answer = t.make(rng, size)
         assert len(seq) == 1 + 2 * size and seq[0] == BOS
         ops, bits = seq[1::2], seq[2::2]
         assert ops[0] == W and ops[-1] == R and set(ops) <= {W, R, I}
@@ -47,10 +45,10 @@ def test_every_read_gives_back_the_last_bit_written_and_is_the_answer(size):
 def test_the_middle_instructions_are_ffl_08_and_the_free_bits_fair_coins():
     """200 instances of 502 pairs: 100,000 middle instructions at (w, r, i) = (0.1, 0.1, 0.8),
     each share within 5 binomial standard errors; the bits after w and i half ones."""
-    rng = np.random.default_rng(0)
+    rng, t = np.random.default_rng(0), task()
     ops, free = [], []
     for _ in range(200):
-        seq, _ = task().make(rng, 502)
+        seq, _ = t.make(rng, 502)
         ops.append(seq[3:-2:2])  # the instructions between the first and the last
         free.append(seq[2::2][seq[1::2] != R])
     ops, free = np.concatenate(ops), np.concatenate(free)
@@ -64,14 +62,3 @@ def test_a_window_holds_whole_pairs_after_bos():
     t = task()
     assert [t.size(n) for n in (5, 6, 7, 129)] == [2, 2, 3, 64]
     assert t.fits(4) and not t.fits(5)
-
-
-def test_the_task_trains_and_is_scored_on_its_reads_through_the_cli(tmp_path):
-    posbench_cli("train", "dataset=task_flip_flop", "encoding=rope", "model.n_layer=1",
-                 "model.d_model=32", "model.n_head=2", "train.seq_len=32", "train.steps=3",
-                 "train.batch_size=4", "train.warmup_steps=1", "eval.lengths=[32,64]",
-                 "eval.tokens=256", f"hydra.run.dir={tmp_path}", cwd=tmp_path, in_process=True)
-    record = json.loads((tmp_path / "results.json").read_text())
-    assert record["dataset"]["name"] == "task_flip_flop"
-    assert [p["length"] for p in record["eval"]["curve"]] == [32, 64]
-    assert all(0 <= p["accuracy"] <= 1 for p in record["eval"]["curve"])
