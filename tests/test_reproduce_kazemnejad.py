@@ -228,7 +228,8 @@ def test_the_figure_has_a_panel_per_task_with_each_seeds_point_and_the_mean_of_s
             record("copy", "rope", 0, 41, [(41, 1.0), (81, 0.0)]),
             record("copy", "rope", 1, 41, [(41, 1.0), (81, 0.0)]),
             record("reverse", "nope", 0, 41, [(41, 0.5)])]
-    panels = task_panels(ENTRY, ENTRY.measure(runs))
+    measured = ENTRY.measure(runs)
+    panels = task_panels(ENTRY, measured, ENTRY.per_seed(measured))
     assert list(panels) == ["copy", "reverse"] and list(panels["copy"]) == ["nope", "rope"]
     points, seeds = panels["copy"]["nope"]
     assert [(x, v) for x, v, _ in points] == [(1.0, pytest.approx(0.9)),
@@ -239,10 +240,12 @@ def test_the_figure_has_a_panel_per_task_with_each_seeds_point_and_the_mean_of_s
     assert panels["copy"]["rope"][0][1][2] == 0.0  # two seeds alike: no spread
     assert panels["reverse"]["nope"] == ([(1.0, 0.5, pytest.approx(0.0))], [(1.0, 0.5)])
     # one seed: no bands and no circles
-    alone = task_panels(ENTRY, ENTRY.measure([r for r in runs if r["seed"] == 0]))
+    first = ENTRY.measure([r for r in runs if r["seed"] == 0])
+    alone = task_panels(ENTRY, first, ENTRY.per_seed(first))
     assert alone["copy"]["nope"] == ([(1.0, 1.0, None), (2.0, 0.4, None)], None)
     # an entry by length draws no panels
-    assert task_panels(registry()["alibi_table2_cpu"].cls, ENTRY.measure(runs)) == {}
+    assert task_panels(registry()["alibi_table2_cpu"].cls, measured,
+                       ENTRY.per_seed(measured)) == {}
 
 
 def test_the_entry_runs_at_a_toy_scale_through_the_cli(tmp_path):

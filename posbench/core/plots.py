@@ -1,6 +1,7 @@
 """Plots shared by a run's results, the report, inspect, retrieval and the training log: a metric
 against length with plain tick labels and a legend beside the axes, small multiples of a score
-per task, per-position losses, and one way of writing a figure (matplotlib's file-only Agg backend, written atomically)."""
+per task, per-position losses, and one way of writing a figure (matplotlib's file-only Agg
+backend, written atomically)."""
 from __future__ import annotations
 
 import math
@@ -181,7 +182,8 @@ def plot_panels(panels: Dict[str, Dict[str, Tuple[list, Optional[list]]]], path:
                 lengths: Optional[Dict[str, int]] = None) -> None:
     """Small multiples of a score in [0, 1]: one panel per key of `panels` (a task), in it one
     curve per label, given as ((x, mean, +-band or None) points, each seed's (x, value) or None)
-    and drawn as draw_curve draws it, in the same colour in every panel; one legend for all. x
+    and drawn as draw_curve draws it, in the same colour in every panel; one legend for all
+    (legend_beside, beside the first row). x
     is a length over L, shared by the panels, with L at 1; or, with `lengths` (panel -> its
     training length), each panel's own lengths in tokens with its L marked. For
     sweeps over several tasks, whose curves would crowd one axis. Written atomically."""
@@ -214,12 +216,7 @@ def plot_panels(panels: Dict[str, Dict[str, Tuple[list, Optional[list]]]], path:
             ax.set_xlabel(xlabel)
     for row in axes:
         row[0].set_ylabel(ylabel)
-    handles = {}
-    for ax in flat[:len(panels)]:
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            handles.setdefault(label, handle)
-    fig.legend(list(handles.values()), list(handles), loc="center left",
-               bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
+    legend_beside(axes[0][-1], panels=flat[:len(panels)])
     fig.suptitle("\n".join(textwrap.fill(line, 100) for line in title.split("\n")),
                  fontsize=10)
     fig.tight_layout()

@@ -525,16 +525,16 @@ def write_report(root: Path, only: Optional[str] = None) -> Dict[str, dict]:
                      for label in series if len(groups[label]) > 1}
         title = (f"{METRICS[metric][0]} vs length ({len(ok) - rescored} runs"
                  + (f", {rescored} re-scores" if rescored else "") + ")")
+        band_label = f"{BAND}; circles: each seed" if seeds > 1 else ""
         panels, lengths = by_task(groups, {label: series[label] for label in order}, each_seed,
                                   base_of) if metric == "accuracy" else ({}, {})
         if panels:  # a panel per task: their lengths and curves would crowd one axis
             plot_panels(panels, root / f"{metric}_vs_length.png",
-                        title + (f"\nshaded: {BAND}; circles: each seed" if seeds > 1 else ""),
+                        title + (f"\nshaded: {band_label}" if band_label else ""),
                         "evaluation length (tokens)", METRICS[metric][0], lengths)
             continue
         plot_curves({label: series[label] for label in order}, train_lens[0],
-                    root / f"{metric}_vs_length.png", title=title,
-                    band_label=f"{BAND}; circles: each seed" if seeds > 1 else "",
+                    root / f"{metric}_vs_length.png", title=title, band_label=band_label,
                     metric=metric, gaps=gaps if metric == "ppl" else None, base_of=base_of,
                     seeds=each_seed)
     plots = [f"{m}_vs_length.png" for m in tables] + ["by_size.png"] * bool(size_lines)

@@ -151,13 +151,14 @@ def seed_values(seeds: Dict[int, Measured], group: str, x: float) -> List[float]
     return [m.values[group][x] for m in seeds.values() if x in m.values.get(group, {})]
 
 
-def task_panels(entry, measured: Measured) -> Dict[str, Dict[str, tuple]]:
+def task_panels(entry, measured: Measured,
+                seeds: Dict[int, Measured]) -> Dict[str, Dict[str, tuple]]:
     """The figure of an entry over tasks (axis "score", `<task>/<row>` groups): task -> row ->
     ((x, mean, 95% band) points, each seed's (x, value)), in the order of the entry's groups;
-    bands and seeds only where more than one seed ran. {} for the other axes."""
+    `seeds` is entry.per_seed(measured), and bands and seeds' points come only where more than
+    one seed ran. {} for the other axes."""
     if entry.axis != "score":
         return {}
-    seeds = entry.per_seed(measured)
     several = len(seeds) > 1
     panels: Dict[str, Dict[str, tuple]] = {}
     for group in entry.groups:
@@ -174,13 +175,13 @@ def task_panels(entry, measured: Measured) -> Dict[str, Dict[str, tuple]]:
 
 def draw_tasks(entry, measured: Measured, path: Path) -> bool:
     """task_panels drawn as small multiples at `path`; False where there is nothing to draw."""
-    panels = task_panels(entry, measured)
+    seeds = entry.per_seed(measured)
+    panels = task_panels(entry, measured, seeds)
     if not panels:
         return False
-    seeds = len(entry.per_seed(measured))
     title = (f"posbench reproduce {entry.name}: {measured.score} by {entry.x_name} over L"
-             + (f"\nline: mean of {seeds} seeds; shaded: its 95% interval (Student t); circles: "
-                "each seed" if seeds > 1 else ""))
+             + (f"\nline: mean of {len(seeds)} seeds; shaded: its 95% interval (Student t); "
+                "circles: each seed" if len(seeds) > 1 else ""))
     plot_panels(panels, path, title, f"{entry.x_name} / L", measured.score)
     return True
 
