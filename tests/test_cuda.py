@@ -4,6 +4,8 @@ cuda: skipped where torch sees no GPU (tests/conftest.py)."""
 import copy
 import math
 
+import numpy as np
+
 import pytest
 import torch
 import torch._dynamo
@@ -15,6 +17,7 @@ from posbench.encodings import registry
 
 from helpers import posbench_cli, results, tiny_model
 from test_autocast import END, FACTOR, T, TRAIN_LEN
+from test_length_schedule import PIECES, packs, positions_of, segments_of
 
 pytestmark = pytest.mark.cuda
 
@@ -157,3 +160,58 @@ def test_gpt2_small_scores_65536_tokens_in_under_16_gib(name):
         losses = model(idx[:, :-1], targets=idx[:, 1:])
     assert losses.shape == (1, 65536) and torch.isfinite(losses).all()
     assert torch.cuda.max_memory_allocated() < 16 * GiB, torch.cuda.max_memory_allocated() / GiB
+
+
+@pytest.mark.parametrize("name", posbench.list_encodings())
+def test_packed_documents_on_cuda_are_each_document_alone(name):
+    """train.pack_documents on CUDA (FlexAttention with a block mask of each row's documents, or
+    the path the encoding takes there), fp32 in training mode: the packed rows' logits and the
+    gradients of a fixed weighting of them against each document run alone on the same device
+    (the CPU's float64 test of the same definition: tests/test_length_schedule.py)."""
+    if not packs(name):
+        pytest.skip(f"{name} refuses train.pack_documents")
+    cfg = posbench.compose([f"encoding={name}", "model.n_layer=2", "model.d_model=32",
+                            "model.n_head=2", "train.seq_len=32"])
+    torch.manual_seed(0)
+    model = off_init(posbench.build_model(cfg, 64)).cuda().train()
+    gen = torch.Generator().manual_seed(3)
+    idx = torch.randint(0, 64, (2, 40), generator=gen).cuda()
+    weights = torch.randn(2, 40, 64, generator=gen).cuda()
+    pos, segments = positions_of(PIECES).cuda(), segments_of(PIECES).cuda()
+
+    def logits_and_grads(forward):
+        model.zero_grad(set_to_none=True)
+        logits = forward()
+        (logits * weights).sum().backward()
+        return logits, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    def alone():
+        return torch.cat([torch.cat([model(idx[b:b + 1, a:a + n]) for a, n in
+                                     zip(np.cumsum([0, *row[:-1]]), row)], 1)
+                          for b, row in enumerate(PIECES)])
+
+    packed, packed_grads = logits_and_grads(lambda: model(idx, pos=pos, segments=segments))
+    logits, grads = logits_and_grads(alone)
+    assert relative_error(packed, logits) < 1e-4
+    assert packed_grads.keys() == grads.keys()
+    # a gradient ~0 in exact arithmetic (an output bias that shifts every score alike) is held
+    # to 1e-4 of a thousandth of the whole gradient's norm, as in the FlexAttention test above
+    floor = 1e-3 * torch.cat([g.flatten() for g in grads.values()]).norm()
+    for key, grad in grads.items():
+        error = (packed_grads[key] - grad).norm() / torch.maximum(grad.norm(), floor)
+        assert error < 1e-4, (key, error.item())
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5"])  # a fixed and a learned lag bias
+def test_a_compiled_cuda_run_trains_and_scores(name, tmp_path):
+    """train.compile=true on CUDA: the compiled graph's lag paths (a fixed table through
+    FlexAttention, a learned one through biased_attention's custom ops), then evaluation."""
+    proc = posbench_cli("train", f"encoding={name}", "device=cuda", "train.compile=true",
+                        "model.n_layer=2", "model.d_model=64", "model.n_head=4",
+                        "train.seq_len=64", "train.batch_size=8", "train.steps=20",
+                        "train.warmup_steps=2", "train.val_every=10", "eval.lengths=[64,256]",
+                        "eval.tokens=4096", "hydra.run.dir=run", cwd=tmp_path, timeout=300)
+    run = results(tmp_path / "run")
+    assert run["train"]["steps"] == 20, proc.stderr[-2000:]
+    assert all(math.isfinite(p.get("loss", math.nan)) for p in run["eval"]["curve"])
+    assert "recompile_limit" not in proc.stderr

@@ -124,3 +124,28 @@ def test_bounds_from_the_config_cover_pose_positions(name):
     expected = reference.eval()(x, pos=pos, targets=y).mean()
     torch.testing.assert_close(step(cfg, model, compiled(model), x, y, pos), expected,
                                rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("name", posbench.list_encodings())
+def test_whether_a_score_mod_learns_is_decided_without_reading_a_tensor(name):
+    """On CUDA, attend asks whether a gradient flows into the score_mod's tensors before it
+    picks FlexAttention; the CPU never asks. Asked with 0-d indices, T5's and FIRE's score_mods
+    read them on the host: a graph break under train.compile that torch 2.11 on an H100 turned
+    into a crash (2026-11-27). Here the question is traced with fullgraph on the CPU."""
+    cfg, model = build([f"encoding={name}"])
+    q = torch.randn(2, 2, 32, 16, requires_grad=True)
+    x = torch.randn(2, 32, 32, requires_grad=True)
+    pos = torch.arange(32).expand(2, 32)
+    score_mod, _, _ = paths.bound_hooks(q, q, pos, *model.encoding.at_layer(0), x)
+    if score_mod is None:
+        pytest.skip(f"{name} has no score_mod")
+    learns = paths._learns_through(score_mod, q)
+    torch._dynamo.reset()
+    traced = torch.compile(lambda q: paths._learns_through(score_mod, q), fullgraph=True,
+                           backend=no_host_reads)(q)
+    assert traced == learns
+    learned = {n for n, p in model.encoding.named_parameters() if p.requires_grad}
+    if name in ("t5", "fire", "kerple_log"):
+        assert learns and learned, name
+    if name in ("alibi", "sandwich"):
+        assert not learns, name

@@ -499,7 +499,9 @@ def _learns_through(score_mod, q) -> bool:
     every run."""
     if score_mod is None or not torch.is_grad_enabled():
         return False
-    zero = torch.zeros((), dtype=torch.long, device=q.device)
+    # one score at the blockwise path's index shapes, (1, 1, 1, 1): 0-d indices, as FlexAttention
+    # passes them, are read on the host by a table lookup (a graph break under train.compile)
+    zero = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=q.device)
     return score_mod(torch.zeros((), dtype=q.dtype, device=q.device), zero, zero, zero,
                      zero).requires_grad
 
