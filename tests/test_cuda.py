@@ -27,9 +27,11 @@ GiB = 2 ** 30
 
 @pytest.fixture(autouse=True)
 def exact_fp32(monkeypatch):
-    """fp32 matmuls in fp32 (no TF32), and FlexAttention compiled afresh for each test: dynamo
-    compiles one function at most 8 times, fewer than the encodings' score_mods."""
+    """fp32 matmuls and convolutions (DAPE's) in fp32, not TF32 (cuDNN's default), and
+    FlexAttention compiled afresh for each test: dynamo compiles one function at most 8 times,
+    fewer than the encodings' score_mods."""
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     torch._dynamo.reset()
     for cache in (attention._compiled_flex, attention._compiled_block_mask, attention._block_mask):
         cache.cache_clear()
