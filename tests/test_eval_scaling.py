@@ -442,7 +442,7 @@ def test_posbench_eval_writes_a_scaled_results_file_beside_the_untouched_origina
                                                                                  toy_run_copy):
     run_dir = toy_run_copy
     original = (run_dir / "results.json").read_bytes()
-    posbench_cli("eval", str(run_dir), "eval.rope_scaling=yarn", cwd=tmp_path)
+    posbench_cli("eval", str(run_dir), "eval.rope_scaling=yarn", cwd=tmp_path, in_process=True)
     assert (run_dir / "results.json").read_bytes() == original
     new_files = sorted(run_dir.glob("results.eval-*.json"))
     assert [p.name for p in new_files] == ["results.eval-rope_scaling-yarn.json"]
@@ -460,7 +460,8 @@ def test_posbench_eval_writes_a_scaled_results_file_beside_the_untouched_origina
     (run_dir / "results.json").write_text(json.dumps(record))
     for state in ("failed", "none"):
         before = sorted(p.name for p in run_dir.iterdir())
-        bad = posbench_cli("eval", str(run_dir), "eval.rope_scaling=pi", cwd=tmp_path, ok=False)
+        bad = posbench_cli("eval", str(run_dir), "eval.rope_scaling=pi", cwd=tmp_path, ok=False,
+                           in_process=True)
         assert bad.returncode == 2 and "Traceback" not in bad.stderr
         (line,) = [x for x in bad.stderr.splitlines() if x.startswith("posbench: error:")]
         assert f"no finished results.json (status {state})" in line

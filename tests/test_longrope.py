@@ -260,7 +260,7 @@ def test_the_recorded_factors_recreate_the_curve(searched, tmp_path):
     run_dir, result = searched
     factors = run_dir / "longrope-64-seed0.json"
     posbench_cli("eval", str(run_dir), "eval.rope_scaling=longrope",
-                 f"eval.longrope_factors={factors}", cwd=tmp_path)
+                 f"eval.longrope_factors={factors}", cwd=tmp_path, in_process=True)
     (written,) = run_dir.glob("results.eval-rope_scaling-longrope*.json")
     record = json.loads(written.read_text())
     longrope = record["eval"]["longrope"]
@@ -277,7 +277,7 @@ def test_the_recorded_factors_recreate_the_curve(searched, tmp_path):
     other = tmp_path / "other"
     shutil.copytree(run_dir, other, ignore=shutil.ignore_patterns("*.eval-*"))
     posbench_cli("eval", str(other), "eval.rope_scaling=longrope",
-                 f"eval.longrope_factors={copy}", cwd=tmp_path)
+                 f"eval.longrope_factors={copy}", cwd=tmp_path, in_process=True)
     (again,) = other.glob("results.eval-rope_scaling-longrope*.json")
     again = json.loads(again.read_text())
     assert [p["loss"] for p in again["eval"]["curve"]] == [p["loss"] for p in
@@ -351,7 +351,8 @@ def test_the_search_refuses_in_one_line_before_any_work(searched, tmp_path):
                                  r"--length N"),
             ([], r"is not accepted; expected `posbench longrope"),
     ):
-        bad = posbench_cli("longrope", str(run_dir), *args, cwd=tmp_path, ok=False)
+        bad = posbench_cli("longrope", str(run_dir), *args, cwd=tmp_path, ok=False,
+                           in_process=True)
         assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
         (line,) = [x for x in bad.stderr.splitlines() if x.startswith("posbench: error:")]
         assert re.search(match, line.removeprefix("posbench: error: ")), line
