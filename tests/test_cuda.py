@@ -5,7 +5,6 @@ import copy
 import math
 
 import numpy as np
-
 import pytest
 import torch
 import torch._dynamo
@@ -62,12 +61,27 @@ def off_init(model):
 
 
 def logits_and_grads(model, idx):
-    """Training mode, grad enabled: the logits and every parameter's gradient of the loss."""
+    """Training mode, grad enabled: the logits and every parameter's gradient of the loss, on
+    the CPU."""
     model.train()
     model.zero_grad(set_to_none=True)
     logits = model(idx)
     F.cross_entropy(logits.flatten(0, 1), idx.roll(-1, 1).flatten()).backward()
-    return logits, {name: p.grad for name, p in model.named_parameters()}
+    return logits, {name: None if p.grad is None else p.grad.cpu()
+                    for name, p in model.named_parameters()}
+
+
+def assert_gradients_close(got, expected):
+    """Parameter name -> gradient (None where none flowed): the same ones flow, each within 1e-4
+    relative; a gradient that is ~0 in exact arithmetic (FIRE's output bias: softmax ignores a
+    shift of every score) is held to 1e-4 of a thousandth of the whole gradient's norm, not of
+    its own rounding noise."""
+    floor = 1e-3 * torch.cat([g.flatten() for g in expected.values() if g is not None]).norm()
+    for key, grad in expected.items():
+        assert (grad is None) == (got[key] is None), key
+        if grad is not None:
+            error = (got[key] - grad).norm() / torch.maximum(grad.norm(), floor)
+            assert error < 1e-4, (key, error.item())
 
 
 def eval_logits(model, idx):
@@ -94,14 +108,7 @@ def test_flex_attention_logits_and_gradients_match_the_cpu_in_fp32(name, monkeyp
         pytest.skip(f"{name} takes no FlexAttention path on CUDA")
     logits, grads = logits_and_grads(cpu, idx[64])
     assert relative_error(train_gpu[0], logits) < 1e-4
-    # a gradient that is ~0 (FIRE's output bias: softmax ignores a shift of every score) is
-    # held to 1e-4 of a thousandth of the whole gradient's norm, not of its own rounding noise
-    floor = 1e-3 * torch.cat([g.flatten() for g in grads.values() if g is not None]).norm()
-    for key, grad in grads.items():
-        assert (grad is None) == (train_gpu[1][key] is None), key
-        if grad is not None:
-            error = (train_gpu[1][key].cpu() - grad).norm() / torch.maximum(grad.norm(), floor)
-            assert error < 1e-4, (key, error.item())
+    assert_gradients_close(train_gpu[1], grads)
     for n in LENGTHS:
         assert relative_error(eval_gpu[n], eval_logits(cpu, idx[n])) < 1e-4, n
 
@@ -181,27 +188,22 @@ def test_packed_documents_on_cuda_are_each_document_alone(name):
     weights = torch.randn(2, 40, 64, generator=gen).cuda()
     pos, segments = positions_of(PIECES).cuda(), segments_of(PIECES).cuda()
 
-    def logits_and_grads(forward):
+    def weighted_logits_and_grads(forward):
         model.zero_grad(set_to_none=True)
         logits = forward()
         (logits * weights).sum().backward()
-        return logits, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        return logits, {n: p.grad for n, p in model.named_parameters()}
 
     def alone():
         return torch.cat([torch.cat([model(idx[b:b + 1, a:a + n]) for a, n in
                                      zip(np.cumsum([0, *row[:-1]]), row)], 1)
                           for b, row in enumerate(PIECES)])
 
-    packed, packed_grads = logits_and_grads(lambda: model(idx, pos=pos, segments=segments))
-    logits, grads = logits_and_grads(alone)
+    packed, packed_grads = weighted_logits_and_grads(
+        lambda: model(idx, pos=pos, segments=segments))
+    logits, grads = weighted_logits_and_grads(alone)
     assert relative_error(packed, logits) < 1e-4
-    assert packed_grads.keys() == grads.keys()
-    # a gradient ~0 in exact arithmetic (an output bias that shifts every score alike) is held
-    # to 1e-4 of a thousandth of the whole gradient's norm, as in the FlexAttention test above
-    floor = 1e-3 * torch.cat([g.flatten() for g in grads.values()]).norm()
-    for key, grad in grads.items():
-        error = (packed_grads[key] - grad).norm() / torch.maximum(grad.norm(), floor)
-        assert error < 1e-4, (key, error.item())
+    assert_gradients_close(packed_grads, grads)
 
 
 @pytest.mark.parametrize("name", ["alibi", "t5"])  # a fixed and a learned lag bias
