@@ -70,7 +70,7 @@ def test_the_experiment_composes_every_task_at_its_windows_and_sweeps_the_entry(
         assert data.size(cfg.train.seq_len + 1) == 40
         assert [data.size(n + 1) for n in cfg.eval.lengths] == [*INSIDE, *PAST]
         assert list(cfg.eval.lengths) == [window_for(data, k) for k in (*INSIDE, *PAST)]
-        assert (cfg.train.steps, cfg.train.batch_size, cfg.device) == (10000, 64, "cpu")
+        assert (cfg.train.steps, cfg.train.batch_size, cfg.device) == (10000, 128, "cpu")
         assert (cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head) == (5, 64, 8)
         assert cfg.eval.randomized_positions == "random"
     for row in ROWS:
