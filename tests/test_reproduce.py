@@ -221,7 +221,8 @@ def reproduced(tmp_path_factory):
     this process, its sweep the installed command's)."""
     cwd = tmp_path_factory.mktemp("reproduce")
     sweep = cwd / "sweep"
-    args = ("reproduce", "alibi_table2_cpu", *TOY, f"hydra.sweep.dir={sweep}")
+    # train.lr=0.002 is the entry's own value, written another way: no departure
+    args = ("reproduce", "alibi_table2_cpu", *TOY, "train.lr=0.002", f"hydra.sweep.dir={sweep}")
     first = posbench_cli(*args, cwd=cwd, in_process=True)
     return cwd, sweep, args, first
 
@@ -242,7 +243,8 @@ def test_an_entry_runs_its_sweep_and_writes_the_papers_numbers_beside_posbenchs(
     assert "| paper 512 (1L) | posbench 32 (1L) |" in text and "| t5 |" in text
     assert "not measured: sinusoidal, t5" in text
     # the toy's own overrides are another setting than the entry's, and say so; its choice of
-    # encodings is a choice of rows, and its launcher no setting at all
+    # encodings is a choice of rows, its launcher no setting at all, and train.lr=0.002 the
+    # entry's own value
     assert set(record["departures"]) == {f"{o} (2 of 2 runs)" for o in TOY[2:]}
     assert "Departures from the entry's setting, the runs' own overrides: model.n_layer=1" in text
     assert (sweep / "summary.md").is_file()  # the sweep's own report, beside

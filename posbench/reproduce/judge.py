@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 import yaml
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from posbench.core.errors import ConfigError
 from posbench.core.plots import plot_panels
@@ -214,12 +215,41 @@ def departures(entry, records: List[dict]) -> List[str]:
     swept, own = swept_keys(entry), set(entry.sweep.overrides)
     runs = [r for r in records if r["_file"] == RESULTS]
     counts: Counter = Counter()
+    entry_configs: Dict[tuple, DictConfig] = {}  # by the run's row, composed once
     for run in runs:
         path = Path(run["_dir"]) / ".hydra" / "overrides.yaml"
         given = yaml.safe_load(path.read_text()) if path.is_file() else []
-        counts.update(o for o in given if o not in own and override_key(o) not in swept
-                      and not override_key(o).startswith(("hydra", "experiment")))
+        other = [o for o in given if o not in own and override_key(o) not in swept
+                 and not override_key(o).startswith(("hydra", "experiment"))]
+        if not other:
+            continue
+        row = tuple(o for o in given if override_key(o) in swept)
+        if row not in entry_configs:
+            entry_configs[row] = entry_config(entry, swept, row)
+        counts.update(o for o in other if not sets_what_entry_sets(entry_configs[row], o))
     return [f"{o} ({n} of {len(runs)} runs)" for o, n in counts.items()]
+
+
+def entry_config(entry, swept: set, row: tuple) -> DictConfig:
+    """The config the entry gives the run of `row` (its swept overrides)."""
+    from posbench import compose
+
+    experiment = [f"+experiment={entry.sweep.experiment}"] if entry.sweep.experiment else []
+    fixed = [o for o in entry.sweep.overrides if override_key(o) not in swept]
+    return compose([*experiment, *fixed, *row])
+
+
+def sets_what_entry_sets(cfg: DictConfig, override: str) -> bool:
+    """Whether `key=value` gives a plain key the value the entry's config has (a config group's
+    choice, such as model=tiny, is not compared and counts as set)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides([override])[0]
+    node = OmegaConf.select(cfg, parsed.key_or_group, default=None)
+    if node is None or isinstance(node, DictConfig) or parsed.is_sweep_override():
+        return False
+    value = OmegaConf.to_container(node) if isinstance(node, ListConfig) else node
+    return value == parsed.value()
 
 
 def render(entry, folder: Path, records: List[dict], measured: Measured,
