@@ -244,7 +244,7 @@ def entry_config(entry, swept: set, row: tuple) -> DictConfig:
 
 def sets_what_entry_sets(cfg: DictConfig, override: str) -> bool:
     """Whether `key=value` gives a plain key the value the entry's config has (a config group's
-    choice, such as model=tiny, is not compared and counts as set)."""
+    choice, such as model=tiny, is not compared: it stays a departure)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parsed = OverridesParser.create().parse_overrides([override])[0]
