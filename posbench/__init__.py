@@ -17,6 +17,7 @@ from omegaconf import DictConfig, open_dict
 import posbench.core.resolvers  # noqa: F401  the ${posbench.*} resolvers of conf/config.yaml
 from posbench.config import check, register_schemas, register_target_schema
 from posbench.encodings import list_encodings
+from posbench.core.composing import composer
 from posbench.core.errors import ConfigError
 from posbench.core.resolvers import override_key
 from posbench.model.transformer import build_model
@@ -28,19 +29,14 @@ register_schemas()
 
 def compose(overrides: Optional[List[str]] = None) -> DictConfig:
     """The config the CLI's `train` would see for these overrides (no hydra node)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
-
     overrides = list(overrides or [])
-    GlobalHydra.instance().clear()
-    with initialize_config_module(config_module="posbench.conf", version_base=None):
+    with composer() as compose_config:
         # without the encoding's own keys, which a user's `_target_` class types only once
         # register_target_schema has imported it
         chosen = [o for o in overrides if not override_key(o).startswith("encoding.")]
-        cfg = hydra_compose(config_name="config", overrides=chosen, return_hydra_config=True)
+        cfg = compose_config(chosen, hydra=True)
         if register_target_schema(cfg) or chosen != overrides:
-            cfg = hydra_compose(config_name="config", overrides=overrides)
+            cfg = compose_config(overrides)
         else:  # nothing the first composition lacked: it is the config, less its hydra node
             with open_dict(cfg):
                 del cfg["hydra"]

@@ -6,10 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_module
-from hydra.core.global_hydra import GlobalHydra
 
 import posbench
+from posbench.core.composing import composer
 from posbench.encodings import registry
 from posbench.reproduce import rescores
 from posbench.runs.budget import plan
@@ -20,10 +19,8 @@ CORE = ["nope", "sinusoidal", "learned", "rope", "alibi", "t5"]
 
 def with_hydra(experiment):
     """The experiment's config with Hydra's own, whose sweeper params list what it sweeps."""
-    GlobalHydra.instance().clear()
-    with initialize_config_module(config_module="posbench.conf", version_base=None):
-        return compose(config_name="config", overrides=[f"+experiment={experiment}"],
-                       return_hydra_config=True)
+    with composer() as compose:
+        return compose([f"+experiment={experiment}"], hydra=True)
 
 
 def swept_encodings(experiment):

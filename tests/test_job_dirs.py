@@ -6,11 +6,10 @@ import shutil
 
 import pytest
 import yaml
-from hydra import compose, initialize_config_module
-from hydra.core.global_hydra import GlobalHydra
 from omegaconf import open_dict
 
 from posbench.core.resolvers import SWEPT, job_dir_name
+from posbench.core.composing import composer
 from helpers import posbench_cli, results, run_in_process
 
 SAFE = re.compile(r"[A-Za-z0-9._-]+")
@@ -50,9 +49,8 @@ def test_a_sweep_dir_from_before_keeps_its_numbered_job_dirs(tmp_path):
 
 def subdir(overrides, num=4):
     """hydra.sweep.subdir of posbench's config for one job with these overrides."""
-    GlobalHydra.instance().clear()
-    with initialize_config_module(config_module="posbench.conf", version_base=None):
-        cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+    with composer() as compose:
+        cfg = compose(overrides, hydra=True)
     with open_dict(cfg):
         cfg.hydra.job.num = num
     return cfg.hydra.sweep.subdir

@@ -1,15 +1,13 @@
 """Sweeps on clusters (SLURM through submitit: config only here); joblib's parallel sweep runs in
 test_cli.py's multirun."""
-from hydra import compose, initialize_config_module
-from hydra.core.global_hydra import GlobalHydra
 
 import posbench  # noqa: F401 - registers the schema and encodings
+from posbench.core.composing import composer
 
 
 def hydra_cfg(overrides):
-    GlobalHydra.instance().clear()
-    with initialize_config_module(config_module="posbench.conf", version_base=None):
-        return compose("config", overrides=overrides, return_hydra_config=True).hydra
+    with composer() as compose:
+        return compose(overrides, hydra=True).hydra
 
 
 def test_slurm_preset_is_a_ready_submitit_config():

@@ -4,11 +4,10 @@ MeanGain claim, re-derived here by hand) judged on numbers written here, runs gr
 row, the experiment composed for every task and row, and the entry's dry run through the CLI."""
 from fractions import Fraction
 
-from hydra import compose, initialize_config_module
-from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 import posbench
+from posbench.core.composing import composer
 from helpers import posbench_cli
 from posbench.data import build_dataset
 from posbench.data.tasks import window_for
@@ -79,10 +78,8 @@ def test_the_experiment_composes_every_task_at_its_windows_and_sweeps_the_entry(
             assert (enc.name, enc.base, enc.max_len) == ("randomized", row[11:], 2048)
         else:
             assert enc.name == row
-    GlobalHydra.instance().clear()
-    with initialize_config_module(config_module="posbench.conf", version_base=None):
-        params = compose(config_name="config", overrides=["+experiment=ruoss2023"],
-                         return_hydra_config=True).hydra.sweeper.params
+    with composer() as compose:
+        params = compose(["+experiment=ruoss2023"], hydra=True).hydra.sweeper.params
     assert params.dataset.split(",") == [f"task_{t}" for t in TASKS]
     assert params.ruoss2023.split(",") == list(ROWS)
     assert params.seed.split(",") == ["0", "1", "2"]

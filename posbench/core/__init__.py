@@ -1,3 +1,3 @@
 """The shared leaves every layer imports: errors, io, the registries' base, the Hydra
-resolvers, the version, the device, progress bars, parity and plots. Imports nothing
-of posbench above it; this file imports nothing."""
+resolvers and composition, the version, the device, progress bars, parity and plots. Imports
+nothing of posbench above it; this file imports nothing."""

@@ -16,6 +16,7 @@ from typing import Dict, List, Optional, Tuple
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from posbench.core.composing import composer
 from posbench.core.errors import ConfigError
 from posbench.core.plots import plot_panels
 from posbench.core.io import write_json, write_text
@@ -232,14 +233,10 @@ def departures(entry, records: List[dict]) -> List[str]:
 
 def entry_config(entry, swept: set, row: tuple) -> DictConfig:
     """The config the entry gives the run of `row` (its swept overrides)."""
-    from hydra import compose, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
-
     experiment = [f"+experiment={entry.sweep.experiment}"] if entry.sweep.experiment else []
     fixed = [o for o in entry.sweep.overrides if override_key(o) not in swept]
-    GlobalHydra.instance().clear()
-    with initialize_config_module(config_module="posbench.conf", version_base=None):
-        return compose(config_name="config", overrides=[*experiment, *fixed, *row])
+    with composer() as compose:
+        return compose([*experiment, *fixed, *row])
 
 
 def sets_what_entry_sets(cfg: DictConfig, override: str) -> bool:

@@ -11,6 +11,7 @@ from typing import List, Optional, Tuple
 
 import yaml
 
+from posbench.core.composing import composer
 from posbench.core.resolvers import override_key
 from posbench.runs.results import RESULTS
 
@@ -82,12 +83,8 @@ def notes(plan: List[Wanted], left_out: List[dict], name: str) -> List[str]:
 def sweeper_params(overrides: List[str]) -> dict:
     """hydra.sweeper.params of the config that `overrides` (none a sweep) compose: what an
     experiment sweeps."""
-    from hydra import compose, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
-
-    GlobalHydra.instance().clear()
-    with initialize_config_module(config_module="posbench.conf", version_base=None):
-        cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+    with composer() as compose:
+        cfg = compose(overrides, hydra=True)
     return dict(cfg.hydra.sweeper.params or {})
 
 
@@ -106,18 +103,13 @@ def sweep_jobs(sweep: List[str]) -> List[List[str]]:
 
 def sweep_rows(entry, sweep: List[str]) -> List[str]:
     """The row of each job of `posbench train -m <sweep>` (sweep_jobs), each composed."""
-    from hydra import compose, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
-
     from posbench.config import to_container
 
     jobs = sweep_jobs(sweep)
     rows = []
-    GlobalHydra.instance().clear()
-    with initialize_config_module(config_module="posbench.conf", version_base=None):
+    with composer() as compose:
         for job in jobs:
-            cfg = compose(config_name="config",
-                          overrides=[o for o in job if not override_key(o).startswith("hydra")])
+            cfg = compose([o for o in job if not override_key(o).startswith("hydra")])
             rows.append(entry.group_of({"encoding": cfg.encoding.name,
                                         "config": to_container(cfg)}))
     return rows
