@@ -30,6 +30,13 @@ def test_train_writes_every_output(tmp_path, toy):
     check_results_schema(record)
     assert record["encoding"] == "alibi" and record["status"] == "ok"
     assert record["config"]["train"]["seq_len"] == 32
+    machine = record["machine"]
+    assert machine["torch"] == torch.__version__ and machine["threads"] >= 1
+    assert machine["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():  # Linux, as CI
+        assert machine["cpu"] == next(line.split(":", 1)[1].strip() for line in cpuinfo.open()
+                                      if line.startswith("model name"))
     rows = list(csv.DictReader(open(run_dir / "curve.csv")))
     assert [int(r["length"]) for r in rows] == [32, 64]
     assert (run_dir / "ppl_vs_length.png").read_bytes()[:4] == b"\x89PNG"

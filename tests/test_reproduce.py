@@ -292,6 +292,32 @@ def test_an_entry_without_re_scored_rows_judges_as_before_beside_a_re_score(repr
     assert judged() == before
 
 
+def test_the_report_names_the_machines_its_runs_were_computed_on(reproduced, tmp_path):
+    _, sweep, _, _ = reproduced
+    copy = tmp_path / "sweep"
+    shutil.copytree(sweep, copy)
+    entry = registry()["alibi_table2_cpu"].cls
+    runs = sorted(copy.glob("*/results.json"))
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():  # Linux, as CI: both runs computed here
+        cpu = next(line.split(":", 1)[1].strip() for line in cpuinfo.open()
+                   if line.startswith("model name"))
+        (line,) = judge(entry, copy)["machines"]
+        assert line.startswith(f"{cpu} (torch ") and line.endswith(": 2 runs")
+    # a run from another processor, and one from before results.json named its machine
+    other = json.loads(runs[0].read_text())
+    other["machine"]["cpu"] = "Another CPU"
+    runs[0].write_text(json.dumps(other))
+    older = json.loads(runs[1].read_text())
+    del older["machine"]
+    runs[1].write_text(json.dumps(older))
+    machines = judge(entry, copy)["machines"]
+    assert sorted(m.split(" (")[0].split(":")[0] for m in machines) == ["Another CPU",
+                                                                        "not recorded"]
+    assert all(m.endswith(": 1 run") for m in machines)
+    assert f"- Computed on: {'; '.join(machines)}." in (copy / "reproduction.md").read_text()
+
+
 def refused(argv, monkeypatch, capsys, cwd):
     monkeypatch.chdir(cwd)
     before = files(cwd)

@@ -5,6 +5,7 @@ threads torch uses."""
 from __future__ import annotations
 
 import os
+import platform
 from contextlib import nullcontext
 from typing import Mapping, Optional
 
@@ -53,6 +54,29 @@ def set_rng_state(state: dict, device: torch.device) -> None:
     # run never drew from.
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def cpu_model() -> str:
+    """The processor's model name: /proc/cpuinfo's on Linux, platform.processor() elsewhere."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine(device: torch.device) -> dict:
+    """What computed a record, beside its config. Float kernels round differently from one
+    processor (or torch build, or thread count) to another, and training carries the difference
+    on: a run repeats bit for bit on one machine, and only within noise on another."""
+    record = {"torch": torch.__version__, "cpu": cpu_model(),
+              "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+              "threads": torch.get_num_threads()}
+    if device.type == "cuda":
+        record["gpu"] = torch.cuda.get_device_name(device)
+    return record
 
 
 def usable_cores(environ: Mapping[str, str] = os.environ) -> int:

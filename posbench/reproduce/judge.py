@@ -252,6 +252,18 @@ def sets_what_entry_sets(cfg: DictConfig, override: str) -> bool:
     return value == parsed.value()
 
 
+def machines(records: List[dict]) -> List[str]:
+    """Each machine the trained runs were computed on (results.json `machine`), with how many:
+    the same run repeats bit for bit on one machine and only within noise on another."""
+    counts = Counter(
+        "not recorded" if "machine" not in r else
+        f"{r['machine']['gpu']} ({r['machine']['torch']})" if "gpu" in r["machine"] else
+        f"{r['machine']['cpu']} (torch {r['machine']['torch']}, {r['machine']['cpu_capability']}"
+        f", {r['machine']['threads']} thread{'s' * (r['machine']['threads'] != 1)})"
+        for r in records if r["_file"] == RESULTS)
+    return [f"{name}: {n} run{'s' * (n != 1)}" for name, n in counts.most_common()]
+
+
 def render(entry, folder: Path, records: List[dict], measured: Measured,
            verdicts: List[Tuple[Claim, str, str]], train_len: int,
            rescore_notes: List[str], departed: List[str], figure: bool = False) -> str:
@@ -270,6 +282,7 @@ def render(entry, folder: Path, records: List[dict], measured: Measured,
              f"- Runs: {trained} finished" + (f" and {rescored} re-scores" if rescored else "")
              + f" in {folder} (runs per group: "
              + ", ".join(f"{g} {n}" for g, n in sorted(seeds.items())) + ").", *rescore_notes,
+             f"- Computed on: {'; '.join(machines(records))}.",
              *([f"- Departures from the entry's setting, the runs' own overrides: "
                 f"{', '.join(departed)}; the verdicts are of that setting."] if departed else []),
              "", "## Verdicts", "",
@@ -321,7 +334,7 @@ def judge(entry, folder: Path, flag: str = "--report") -> dict:
         "pairs": {str(col): None if x is None else _key(x)
                   for col, x in entry.pairs(measured).items()},
         "runs": [r["_dir"] for r in records if r["_file"] == RESULTS],
-        "departures": departed, "figure": FIGURE if drawn else None,
+        "machines": machines(records), "departures": departed, "figure": FIGURE if drawn else None,
         "claims": [{"name": c.name, "statement": c.statement, "tolerance": c.tolerance,
                     "tolerance_text": c.tolerance_text(), "why": c.why, "verdict": verdict,
                     "detail": detail} for c, verdict, detail in verdicts],

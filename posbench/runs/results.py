@@ -13,6 +13,7 @@ from posbench.config import EvalConfig, to_container
 from posbench.data.windows import share_tokens
 from posbench.encodings.longrope import run_factors
 from posbench.encodings.rope import remap_record
+from posbench.core.device import machine
 from posbench.core.io import write_json, write_text
 from posbench.core.parity import ppl_at
 from posbench import evaluations
@@ -68,6 +69,7 @@ def results_record(cfg, model, data, curve: List[dict], train: dict,
                  **{s.name: result for s, result in ran.items()}},
         "notes": model.encoding.notes(),
         "version": __version__,
+        "machine": machine(next(model.parameters()).device),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "config": to_container(cfg),
     }
