@@ -252,15 +252,21 @@ def sets_what_entry_sets(cfg: DictConfig, override: str) -> bool:
     return value == parsed.value()
 
 
+def machine_label(record: dict) -> str:
+    """The machine a run was computed on (results.json `machine`), in a few words."""
+    m = record.get("machine")
+    if m is None:  # written before results.json recorded it
+        return "not recorded"
+    if "gpu" in m:
+        return f"{m['gpu']} (torch {m['torch']})"
+    threads = f"{m['threads']} thread" + "s" * (m["threads"] != 1)
+    return f"{m['cpu']} (torch {m['torch']}, {m['cpu_capability']}, {threads})"
+
+
 def machines(records: List[dict]) -> List[str]:
-    """Each machine the trained runs were computed on (results.json `machine`), with how many:
-    the same run repeats bit for bit on one machine and only within noise on another."""
-    counts = Counter(
-        "not recorded" if "machine" not in r else
-        f"{r['machine']['gpu']} ({r['machine']['torch']})" if "gpu" in r["machine"] else
-        f"{r['machine']['cpu']} (torch {r['machine']['torch']}, {r['machine']['cpu_capability']}"
-        f", {r['machine']['threads']} thread{'s' * (r['machine']['threads'] != 1)})"
-        for r in records if r["_file"] == RESULTS)
+    """Each machine the trained runs were computed on, with how many: the same run repeats bit
+    for bit on one machine and only within noise on another."""
+    counts = Counter(machine_label(r) for r in records if r["_file"] == RESULTS)
     return [f"{name}: {n} run{'s' * (n != 1)}" for name, n in counts.most_common()]
 
 
