@@ -272,7 +272,8 @@ def machines(records: List[dict]) -> List[str]:
 
 def render(entry, folder: Path, records: List[dict], measured: Measured,
            verdicts: List[Tuple[Claim, str, str]], train_len: int,
-           rescore_notes: List[str], departed: List[str], figure: bool = False) -> str:
+           rescore_notes: List[str], departed: List[str], computed_on: List[str],
+           figure: bool = False) -> str:
     trained = sum(r["_file"] == RESULTS for r in records)
     rescored = len(records) - trained
     seeds: Dict[str, int] = {}
@@ -288,7 +289,7 @@ def render(entry, folder: Path, records: List[dict], measured: Measured,
              f"- Runs: {trained} finished" + (f" and {rescored} re-scores" if rescored else "")
              + f" in {folder} (runs per group: "
              + ", ".join(f"{g} {n}" for g, n in sorted(seeds.items())) + ").", *rescore_notes,
-             f"- Computed on: {'; '.join(machines(records))}.",
+             f"- Computed on: {'; '.join(computed_on)}.",
              *([f"- Departures from the entry's setting, the runs' own overrides: "
                 f"{', '.join(departed)}; the verdicts are of that setting."] if departed else []),
              "", "## Verdicts", "",
@@ -326,8 +327,9 @@ def judge(entry, folder: Path, flag: str = "--report") -> dict:
     assert all(v in VERDICTS for _, v, _ in verdicts), verdicts
     departed = departures(entry, records)
     drawn = draw_tasks(entry, measured, folder / FIGURE)
+    computed_on = machines(records)
     text = render(entry, folder, records, measured, verdicts, train_len,
-                  notes(plan, left_out, entry.name), departed, drawn)
+                  notes(plan, left_out, entry.name), departed, computed_on, drawn)
     record = {
         "entry": entry.name, "paper": entry.paper, "where": entry.where,
         "setting": entry.setting, "at_paper_scale": entry.at_paper_scale(),
@@ -340,7 +342,7 @@ def judge(entry, folder: Path, flag: str = "--report") -> dict:
         "pairs": {str(col): None if x is None else _key(x)
                   for col, x in entry.pairs(measured).items()},
         "runs": [r["_dir"] for r in records if r["_file"] == RESULTS],
-        "machines": machines(records), "departures": departed, "figure": FIGURE if drawn else None,
+        "machines": computed_on, "departures": departed, "figure": FIGURE if drawn else None,
         "claims": [{"name": c.name, "statement": c.statement, "tolerance": c.tolerance,
                     "tolerance_text": c.tolerance_text(), "why": c.why, "verdict": verdict,
                     "detail": detail} for c, verdict, detail in verdicts],
