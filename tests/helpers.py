@@ -178,6 +178,16 @@ def _output_in_files():
             texts.append(f.read().decode("utf-8", errors="replace"))
 
 
+def cpuinfo_model():
+    """The processor's model name as /proc/cpuinfo gives it (read here, apart from
+    posbench.core.device), or None off Linux."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists():
+        return None
+    return next(line.split(":", 1)[1].strip() for line in cpuinfo.open()
+                if line.startswith("model name"))
+
+
 def results(run_dir):
     """The results.json a run wrote into run_dir."""
     return json.loads((run_dir / "results.json").read_text())

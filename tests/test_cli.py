@@ -9,7 +9,7 @@ import yaml
 
 import posbench
 from posbench.encodings import registry
-from helpers import posbench_cli, results, run_in_process
+from helpers import cpuinfo_model, posbench_cli, results, run_in_process
 
 
 def check_results_schema(record):
@@ -33,10 +33,8 @@ def test_train_writes_every_output(tmp_path, toy):
     machine = record["machine"]
     assert machine["torch"] == torch.__version__ and machine["threads"] >= 1
     assert machine["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():  # Linux, as CI
-        assert machine["cpu"] == next(line.split(":", 1)[1].strip() for line in cpuinfo.open()
-                                      if line.startswith("model name"))
+    if cpuinfo_model() is not None:  # Linux, as CI
+        assert machine["cpu"] == cpuinfo_model()
     rows = list(csv.DictReader(open(run_dir / "curve.csv")))
     assert [int(r["length"]) for r in rows] == [32, 64]
     assert (run_dir / "ppl_vs_length.png").read_bytes()[:4] == b"\x89PNG"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import posbench_cli, run_in_process
+from helpers import cpuinfo_model, posbench_cli, run_in_process
 from posbench.reproduce import (NOT_COMPARABLE, NOT_REPRODUCED, REPRODUCED, VERDICTS, Measured,
                                 registry)
 from posbench.reproduce.command import parse, sweep_overrides
@@ -298,10 +298,8 @@ def test_the_report_names_the_machines_its_runs_were_computed_on(reproduced, tmp
     shutil.copytree(sweep, copy)
     entry = registry()["alibi_table2_cpu"].cls
     runs = sorted(copy.glob("*/results.json"))
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():  # Linux, as CI: both runs computed here
-        cpu = next(line.split(":", 1)[1].strip() for line in cpuinfo.open()
-                   if line.startswith("model name"))
+    cpu = cpuinfo_model()
+    if cpu is not None:  # Linux, as CI: both runs computed here
         (line,) = judge(entry, copy)["machines"]
         assert line.startswith(f"{cpu} (torch ") and line.endswith(": 2 runs")
     # a run from another processor, and one from before results.json named its machine
