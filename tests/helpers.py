@@ -232,6 +232,11 @@ def finished_wandb_records(run_file, timeout=30):
 def wandb_summary(run_dir):
     """The final summary of the one offline wandb run below run_dir, read from its run file."""
     (run_file,) = Path(run_dir).glob("wandb/offline-run-*/run-*.wandb")
+    return wandb_file_summary(run_file)
+
+
+def wandb_file_summary(run_file):
+    """The final summary of an offline wandb run file (run-*.wandb)."""
     summary = {}
     for record in finished_wandb_records(run_file):
         if record.WhichOneof("record_type") == "summary":

@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 import posbench
-from helpers import Blind, Copier, posbench_cli, results, run_in_process, TOY
+from helpers import (Blind, Copier, posbench_cli, results, run_in_process, TOY,
+                     wandb_file_summary, wandb_summary)
 from posbench.data import prepare
 from posbench.data.tokenize import _byte_chars
 from posbench.evaluations.ruler import Ruler, answer_scores, build_task
@@ -498,6 +499,44 @@ def test_report_lines_table_each_task_by_group():
     assert lines.count("| alibi | 4.00 (0.50) |") == 3 and "nope" not in text
 
 
+def test_the_report_tables_each_groups_effective_lengths_by_task_and_seed():
+    def record(average, vt, single=None):
+        tasks = {"vt": {"ruler": "r", "by_length": [], "grid": [],
+                        "effective_length": vt[0], "relative_effective_length": vt[1]}}
+        if single:
+            tasks["niah_single_1"] = {"ruler": "r", "by_length": [], "grid": [],
+                                      "effective_length": single[0],
+                                      "relative_effective_length": single[1]}
+        return {"eval": {"ruler": {"tasks": tasks, "by_length": [], "effective_length": average[0],
+                                   "relative_effective_length": average[1]}}}
+    runs = [record((256, 512), (None, 128), (512, 512)), record((256, 256), (None, 256), (512, 512)),
+            record((None, None), (None, None))]
+    lines = Ruler.report_lines(runs, {0: "rope", 1: "rope", 2: "nope"})
+    at = lines.index("| encoding | average | vt | niah_single_1 |")
+    assert lines[at + 1] == "|---|---:|---:|---:|"
+    # seeds that agree give one value, seeds that differ each its own in seed order
+    assert lines[at + 2] == "| rope | 256 / 512, 256 | none / 128, 256 | 512 / 512 |"
+    # a task a group was not scored on is a dash; a length that never qualified is none
+    assert lines[at + 3] == "| nope | none / none | none / none | — / — |"
+    assert "RULER's effective length" in lines[at - 2]
+
+
+def test_the_wandb_summary_names_every_tasks_effective_lengths():
+    from posbench.runs.results import summary_metrics
+
+    point = {"length": 128, "ppl": 3.0, "loss": math.log(3.0)}
+    tasks = {name: {"effective_length": e, "relative_effective_length": r}
+             for name, e, r in (("vt", 256, 512), ("cwe", None, 128))}
+    record = {"eval": {"train_len_ppl": 3.0, "curve": [point], "retrieval": None,
+                       "effective_length": {"ppl": 128, "ruler": 256, "ruler_relative": 512},
+                       "ruler": {"tasks": tasks}}}
+    assert summary_metrics(record) == {
+        "train_len_ppl": 3.0, "effective_length/ppl": 128, "effective_length/ruler": 256,
+        "effective_length/ruler_relative": 512, "effective_length/ruler_vt": 256,
+        "effective_length/ruler_vt_relative": 512, "effective_length/ruler_cwe": None,
+        "effective_length/ruler_cwe_relative": 128}
+
+
 # ---- the command line --------------------------------------------------------------------------
 
 RULER = ["eval.ruler.enabled=true", "eval.ruler.lengths=[128]", "eval.ruler.depths=[0,1]",
@@ -505,7 +544,7 @@ RULER = ["eval.ruler.enabled=true", "eval.ruler.lengths=[128]", "eval.ruler.dept
 
 
 def test_train_scores_every_task_and_a_rescore_gives_the_same_cells(tmp_path):
-    proc = posbench_cli("train", *TOY, *RULER, "hydra.run.dir=run", cwd=tmp_path)
+    proc = posbench_cli("train", *TOY, *RULER, "logger=wandb", "hydra.run.dir=run", cwd=tmp_path)
     r = results(tmp_path / "run")["eval"]["ruler"]
     assert list(r["tasks"]) == DEFAULT_TASKS and r["format"] == 2
     assert r["units"] == "bits per answer token" and r["counts"]["queries"] == 2
@@ -526,6 +565,7 @@ def test_train_scores_every_task_and_a_rescore_gives_the_same_cells(tmp_path):
         assert scores["relative_effective_length"] == (128 if point["bits_saved"] > 0 else None)
     assert record["eval"]["effective_length"]["ruler"] == r["effective_length"]
     assert record["eval"]["effective_length"]["ruler_relative"] == r["relative_effective_length"]
+    assert_wandb_summary_has_the_effective_lengths(wandb_summary(tmp_path / "run"), r)
 
     # a re-score with one depth more: the same sequences, so the same scores at the others
     posbench_cli("eval", "run", "eval.ruler.enabled=true", "eval.ruler.depths=[0,0.5,1]",
@@ -538,6 +578,19 @@ def test_train_scores_every_task_and_a_rescore_gives_the_same_cells(tmp_path):
         for cell in task["grid"]:
             assert cells[cell["depth"]] == pytest.approx(cell)
     assert list((tmp_path / "run").glob("ruler_heatmap.eval-*.png"))
+    # the re-score is a wandb run of its own (the saved config's logger), with its own lengths
+    (rescore,) = [f for f in (tmp_path / "run").glob("wandb/offline-run-*/run-*.wandb")
+                  if (tmp_path / "run" / "wandb_run_id").read_text() not in f.name]
+    assert_wandb_summary_has_the_effective_lengths(wandb_file_summary(rescore), again)
+
+
+def assert_wandb_summary_has_the_effective_lengths(summary, ruler):
+    assert summary["effective_length/ruler"] == ruler["effective_length"]
+    assert summary["effective_length/ruler_relative"] == ruler["relative_effective_length"]
+    for name, task in ruler["tasks"].items():
+        assert summary[f"effective_length/ruler_{name}"] == task["effective_length"]
+        assert summary[f"effective_length/ruler_{name}_relative"] == \
+            task["relative_effective_length"]
 
 
 @pytest.mark.parametrize("name", ["niah_single_2", "niah_single_1", "niah_multikey_2"])

@@ -179,6 +179,12 @@ class Section(Evaluation):
         """Per eval length, the scalars that join that length's wandb row (eval/<key>)."""
         return {}
 
+    @classmethod
+    def summary_metrics(cls, result) -> Dict[str, Any]:
+        """The scalars that join the run's wandb summary besides eval.effective_length's (which
+        every run logs as effective_length/<key>)."""
+        return {}
+
 
 _REGISTRY = Registry(Evaluation)
 
@@ -360,6 +366,13 @@ def relative_effective_length(points) -> Optional[int]:
     if not points or points[0][1] is None or not points[0][1] > 0:
         return None
     return effective_length(points, RELATIVE_SHARE * points[0][1])
+
+
+def per_seed(lengths: list) -> str:
+    """Effective lengths of a group's seeds for a table: one value, or each seed's where they
+    differ; `none` where no length qualified, `—` where nothing was scored."""
+    words = list(dict.fromkeys("none" if x is None else str(x) for x in lengths))
+    return ", ".join(words) if words else "—"
 
 
 def effective_lengths(points: List[dict], threshold: float, metric: str = "bits_saved") -> dict:

@@ -32,9 +32,9 @@ from posbench.data.base import dataset_class, dataset_config
 from posbench.data.tokenize import Tokenizer
 from posbench.core.errors import ConfigError, require, require_positive
 from posbench.evaluations.base import (RELATIVE_SHARE, EvalConfig, Section, SectionConfig,
-                                       by_length, effective_lengths, eval_config, plant_share,
-                                       register, scored_within_memory, set_eval_options,
-                                       with_train_length)
+                                       by_length, effective_lengths, eval_config, per_seed,
+                                       plant_share, register, scored_within_memory,
+                                       set_eval_options, with_train_length)
 from posbench.evaluations.perplexity import ppl_effective_length
 from posbench.core.plots import pyplot, save_figure
 from posbench.core.progress import Bar
@@ -375,12 +375,6 @@ def plot_heatmap(retrieval: dict, train_len: int, path, title: str = "") -> None
     save_figure(plt, fig, path)
 
 
-def _values(xs: list) -> str:
-    """One value, or each seed's when they differ; `none` where no length qualified."""
-    words = list(dict.fromkeys("none" if x is None else str(x) for x in xs))
-    return ", ".join(words) if words else "—"
-
-
 def report_lines(runs: List[dict], labels: dict) -> List[str]:
     """summary.md's effective-length table (every group) and, for groups scored on retrieval,
     mean bits saved per key token by length (mean over depths, then over seeds)."""
@@ -404,9 +398,9 @@ def report_lines(runs: List[dict], labels: dict) -> List[str]:
         scored = all(r["eval"].get("retrieval") for r in members)
         relative = [r["eval"]["retrieval"].get("relative_effective_length") for r in members
                     if scored]
-        lines.append(f"| {label} | {_values(by_ppl)} | "
-                     + (_values([e.get("retrieval") for e in found]) if scored else "—") + " | "
-                     + (_values(relative) if scored else "—") + " |")
+        lines.append(f"| {label} | {per_seed(by_ppl)} | "
+                     + (per_seed([e.get("retrieval") for e in found]) if scored else "—") + " | "
+                     + (per_seed(relative) if scored else "—") + " |")
     scored = {label: [r["eval"]["retrieval"] for r in members if r["eval"].get("retrieval")]
               for label, members in groups.items()}
     scored = {label: records for label, records in scored.items() if records}

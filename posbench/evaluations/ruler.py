@@ -44,8 +44,9 @@ from posbench.core.errors import did_you_mean, require, require_positive
 from posbench.core.plots import pyplot, save_figure
 from posbench.core.progress import Bar
 from posbench.data.base import dataset_class
-from posbench.evaluations.base import (Section, SectionConfig, by_length, effective_lengths,
-                                       eval_config, plant_share, register,
+from posbench.evaluations.base import (RELATIVE_SHARE, Section, SectionConfig, by_length,
+                                       effective_lengths, eval_config, per_seed, plant_share,
+                                       register,
                                        scored_within_memory, set_eval_options,
                                        with_train_length)
 from posbench.evaluations.ruler_tasks import (DEFAULT_TASKS, FORMAT, PRESETS, TOKENS_KEY,
@@ -315,6 +316,15 @@ class Ruler(Section):
         return report_lines(runs, labels)
 
     @classmethod
+    def summary_metrics(cls, result: dict) -> Dict[str, Optional[int]]:
+        """Each task's effective lengths, absolute and relative (the average's are
+        effective_length/ruler and ruler_relative)."""
+        return {f"effective_length/ruler_{name}{suffix}": task.get(key)
+                for name, task in result["tasks"].items()
+                for suffix, key in (("", "effective_length"),
+                                    ("_relative", "relative_effective_length"))}
+
+    @classmethod
     def length_metrics(cls, result: dict) -> Dict[int, dict]:
         out: Dict[int, dict] = {}
         series = [("ruler", result["by_length"])] + [
@@ -410,4 +420,24 @@ def report_lines(runs: List[dict], labels: dict) -> List[str]:
             cells = [_cell([p for r in records for p in points(r) if p["length"] == n])
                      for n in lengths]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines + effective_length_lines(groups, names)
+
+
+def effective_length_lines(groups: Dict[str, List[dict]], names: List[str]) -> List[str]:
+    """summary.md's table of RULER's effective lengths: per group, the average's and each
+    task's, absolute / relative, each seed's where they differ."""
+    def cell(scores: List[dict]) -> str:
+        return " / ".join(per_seed([s[key] for s in scores if s is not None and key in s])
+                          for key in ("effective_length", "relative_effective_length"))
+
+    lines = ["", "RULER's effective length (tokens; one value per seed where seeds differ): "
+             "absolute / relative, the largest length up to which bits saved per answer token "
+             "stay at or above eval.ruler.threshold (RULER's rule) / keep "
+             f"{RELATIVE_SHARE:.0%} of the run's own score at its shortest length (NoLiMa's "
+             "rule); none: not even at the shortest.", "",
+             "| encoding | average | " + " | ".join(names) + " |",
+             "|---|" + "---:|" * (len(names) + 1)]
+    for label, records in groups.items():
+        cells = [cell(records)] + [cell([r["tasks"].get(n) for r in records]) for n in names]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines

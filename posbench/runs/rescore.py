@@ -20,7 +20,7 @@ from posbench import evaluations
 from posbench.runs.loggers import make_logger, run_group
 from posbench.core.resolvers import NAME_CHARS, summary
 from posbench.runs.results import (length_metrics, load_results, print_curve, results_record,
-                                   write_results)
+                                   summary_metrics, write_results)
 from posbench.runs.run import finished_results, prepare_run, trained_model
 
 
@@ -130,7 +130,7 @@ def reevaluate(cfg: DictConfig, run_dir: Path, trained: Optional[dict] = None,
         logger = make_logger(cfg, run_dir, f"{run_dir.name}.eval-{tag}", run_group(run_dir),
                              config, resuming=False, job_type="eval")
         logger.log_curve(curve, step=0, per_length=length_metrics(record))
-        logger.finish({"train_len_ppl": record["eval"]["train_len_ppl"], "rescore": label})
+        logger.finish({**summary_metrics(record), "rescore": label})
         print_curve(record)
         print(f"wrote {run_dir / name}")
     return record

@@ -6,7 +6,7 @@ import io
 import json
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from posbench.attention.span import lambda_span
 from posbench.config import EvalConfig, to_container
@@ -183,6 +183,17 @@ def length_metrics(record: dict) -> Dict[int, dict]:
         if record["eval"].get(section.name):
             for length, metrics in section.length_metrics(record["eval"][section.name]).items():
                 out.setdefault(length, {}).update(metrics)
+    return out
+
+
+def summary_metrics(record: dict) -> Dict[str, Any]:
+    """The scalars of a run's (or a re-score's) wandb summary: perplexity at the training
+    length, every effective length of eval.effective_length and the sections' own."""
+    out = {"train_len_ppl": record["eval"]["train_len_ppl"],
+           **{f"effective_length/{k}": v for k, v in record["eval"]["effective_length"].items()}}
+    for section in evaluations.sections():
+        if record["eval"].get(section.name):
+            out.update(section.summary_metrics(record["eval"][section.name]))
     return out
 
 

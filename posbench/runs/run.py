@@ -45,7 +45,7 @@ from posbench.runs.budget import plan as plan_budget
 from posbench.runs.loggers import NoLogger, make_logger
 from posbench.model.transformer import build_model
 from posbench.runs.results import (RESULTS, length_metrics, load_results, print_curve,
-                                   results_record, write_results)
+                                   results_record, summary_metrics, write_results)
 from posbench.runs.train import Progress, fit, training_options
 from posbench.runs.trainlog import Validation
 from posbench.core.version import __version__
@@ -333,10 +333,7 @@ def run_started(cfg: DictConfig, run_dir: Path, group: str, name: str, start: St
         raise Interrupted(str(record_failure(cfg, start, run_dir, progress, err, again))) from None
     # after every training row
     logger.log_curve(scores["curve"], step=summary["steps"] + 1, per_length=length_metrics(record))
-    logger.finish({"final_loss": summary["final_loss"],
-                   "train_len_ppl": record["eval"]["train_len_ppl"],
-                   **{f"effective_length/{k}": v
-                      for k, v in record["eval"]["effective_length"].items()}})
+    logger.finish({"final_loss": summary["final_loss"], **summary_metrics(record)})
     print_curve(record)
     return record
 
