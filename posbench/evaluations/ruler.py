@@ -46,8 +46,7 @@ from posbench.core.progress import Bar
 from posbench.data.base import dataset_class
 from posbench.evaluations.base import (RELATIVE_SHARE, Section, SectionConfig, by_length,
                                        effective_lengths, eval_config, per_seed, plant_share,
-                                       register,
-                                       scored_within_memory, set_eval_options,
+                                       register, scored_within_memory, set_eval_options,
                                        with_train_length)
 from posbench.evaluations.ruler_tasks import (DEFAULT_TASKS, FORMAT, PRESETS, TOKENS_KEY,
                                               Instance, Task, Vocabulary, instances)
