@@ -2,6 +2,7 @@
 results.json files written here (no training): summary.md's cells and the figures' plotted lines
 against means and Student-t intervals recomputed here from the records, and neither view where
 no run holds the data."""
+import json
 import math
 import random
 import re
@@ -288,3 +289,52 @@ def test_runs_scored_on_other_instance_formats_are_named_apart(tmp_path, drawn):
     write_report(tmp_path / "mixed")
     assert ("only the groups of one format compare: format 1: rope; format 2: alibi."
             in (tmp_path / "mixed" / "summary.md").read_text())
+
+
+def test_the_changes_every_rescored_group_shares_are_named_once_not_in_each_label(tmp_path,
+                                                                                   drawn):
+    """`posbench eval DIR eval.longppl.enabled=true eval.longppl.block=16` over runs trained
+    without LongPPL (RULER too), and RoPE's run also with YaRN: each view's groups are all
+    re-scores sharing those two changes, so its labels leave them out and its heading names them;
+    with a run scored in training among them, nothing is shared and every label stays whole."""
+    rng = random.Random(5)
+    shared = {"eval.longppl.enabled": True, "eval.longppl.block": 16}
+    rescores = {"alibi": [{}], "rope": [{}, {"eval.rope_scaling": "yarn"}]}
+    for name, extras in rescores.items():
+        run = tmp_path / name
+        record = run_record(name, 0, {n: 10.0 for n in LENGTHS})
+        write(tmp_path, name, record)
+        for extra in extras:
+            changes = {**extra, **shared}
+            label = ", ".join(f"{k.removeprefix('eval.')}={str(v).lower()}"
+                              for k, v in changes.items())
+            rescore = {**record, "eval": {**record["eval"], "longppl": longppl_result(rng),
+                                          "ruler": ruler_result(rng)},
+                       "rescore": {"tag": label, "label": label, "changes": changes}}
+            (run / f"results.eval-{len(extra)}.json").write_text(json.dumps(rescore))
+    write_report(tmp_path)
+    summary = (tmp_path / "summary.md").read_text()
+    (table,) = tables_after(summary, "LongPPL across groups", 1).values()
+    assert [row[0] for row in table[1:]] == ["alibi", "rope", "rope (rope_scaling=yarn)"]
+    heading = next(line for line in summary.splitlines()
+                   if line.startswith("LongPPL across groups"))
+    assert "every group re-scored with longppl.enabled=true, longppl.block=16." in heading
+    _, right = drawn["longppl_by_group.png"].axes
+    assert {line.get_label() for line in right.get_lines()} >= {
+        "alibi", "rope", "rope (rope_scaling=yarn)"}
+    (ruler_table,) = tables_after(summary, "RULER across groups", 1).values()
+    assert [row[0] for row in ruler_table[1:]] == ["alibi", "rope", "rope (rope_scaling=yarn)"]
+    # one run scored in training: nothing shared, every label whole
+    record = run_record("t5", 0, {n: 10.0 for n in LENGTHS})
+    record["eval"]["longppl"] = longppl_result(rng)
+    write(tmp_path, "t5", record)
+    write_report(tmp_path)
+    summary = (tmp_path / "summary.md").read_text()
+    (table,) = tables_after(summary, "LongPPL across groups", 1).values()
+    assert [row[0] for row in table[1:]] == [
+        "alibi (longppl.enabled=true, longppl.block=16)",
+        "rope (longppl.enabled=true, longppl.block=16)",
+        "rope (rope_scaling=yarn, longppl.enabled=true, longppl.block=16)", "t5"]
+    heading = next(line for line in summary.splitlines()
+                   if line.startswith("LongPPL across groups"))
+    assert "every group re-scored" not in heading

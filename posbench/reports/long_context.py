@@ -9,7 +9,8 @@ length with a 95% Student-t interval, and each seed's own point.
   the same windows, two panels sharing the length axis; in summary.md a table of LongPPL with the
   key tokens' count.
 
-Each is written only when some run of the folder holds its evaluation.
+Each is written only when some run of the folder holds its evaluation. A view whose groups are
+all re-scores with some changes in common names those once, not in every label.
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from posbench.core.plots import (draw_curve, legend_beside, plain_length_axes, p
                                  save_figure)
 from posbench.evaluations.longppl import settings
 from posbench.reports.stats import BAND, mean_band
+from posbench.runs.rescore import change_label
+from posbench.runs.results import rescore_label
 
 RULER_PLOT, LONGPPL_PLOT = "ruler_by_group.png", "longppl_by_group.png"
 # the score's name, and what it is
@@ -54,6 +57,28 @@ def cell(values: List[float], scored: int, digits: int, note: str = "") -> str:
     text = f"{s['mean']:.{digits}f}" + (f" ± {s['ci95']:.{digits}f}" if s["n"] > 1 else "")
     notes = [note] * bool(note) + [f"{s['n']} of {scored} seeds"] * (s["n"] < scored)
     return text + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def without_shared_changes(groups: Dict[str, List[dict]]) -> Tuple[Dict[str, List[dict]], str]:
+    """One view's groups relabelled without the re-score changes that all of them share (a
+    LongPPL re-score's evaluator and block, say), and those changes once, for the view's heading;
+    as they are and "" where the groups share none (a run's own results change nothing)."""
+    changes = [members[0].get("rescore", {}).get("changes", {}) for members in groups.values()]
+    shared = {key: value for key, value in changes[0].items()
+              if all(key in c and c[key] == value for c in changes)}
+    if not shared:
+        return groups, ""
+    relabelled = {}
+    for label, members in groups.items():
+        rest = {key: value for key, value in members[0]["rescore"]["changes"].items()
+                if key not in shared}
+        base = label.removesuffix(f" ({rescore_label(members[0])})")
+        relabelled[base + (f" ({change_label(rest)})" if rest else "")] = members
+    return relabelled, f"every group re-scored with {change_label(shared)}"
+
+
+def train_lengths(groups: Dict[str, List[dict]]) -> Dict[str, int]:
+    return {label: members[0]["train"]["seq_len"] for label, members in groups.items()}
 
 
 def table(rows: Dict[str, Dict[int, str]], train_of: Dict[str, int]) -> List[str]:
@@ -143,17 +168,24 @@ def instance_formats(groups: Dict[str, List[dict]]) -> Dict[int, List[str]]:
     return dict(sorted(formats.items()))
 
 
-def ruler(root: Path, groups: Dict[str, List[dict]], train_of: Dict[str, int]
-          ) -> Tuple[List[str], bool]:
+def scored_with(groups: Dict[str, List[dict]], section: str) -> Dict[str, List[dict]]:
+    """The groups with a run scored on eval.<section>."""
+    return {label: members for label, members in groups.items()
+            if any(r["eval"].get(section) for r in members)}
+
+
+def ruler(root: Path, groups: Dict[str, List[dict]]) -> Tuple[List[str], bool]:
     """summary.md's RULER tables across groups, and whether ruler_by_group.png was written:
     nothing when no run scored RULER."""
-    panels, score = ruler_panels(groups)
-    if not panels:
+    if not (groups := scored_with(groups, "ruler")):
         return [], False
+    groups, shared = without_shared_changes(groups)
+    train_of = train_lengths(groups)
+    panels, score = ruler_panels(groups)
     what, why = SCORE_NAMES[score]
     lines = ["", f"RULER across groups ({RULER_PLOT}): {what} ({why}) by length, each run's "
              f"mean over depths, then the mean ± {BAND}; (k of n seeds): the others ran out of "
-             "memory there."]
+             "memory there" + (f"; {shared}" if shared else "") + "."]
     formats = instance_formats(groups)
     if len(formats) > 1:  # other sequences: scores that do not compare
         lines.append("Runs scored instances of different formats (guide, \"RULER's synthetic "
@@ -193,15 +225,15 @@ def plot_ruler(panels: Dict[str, Dict[str, Seeds]], what: str, train_of: Dict[st
 
 # ---- LongPPL -----------------------------------------------------------------------------------
 
-def longppl(root: Path, groups: Dict[str, List[dict]], train_of: Dict[str, int]
-            ) -> Tuple[List[str], bool]:
+def longppl(root: Path, groups: Dict[str, List[dict]]) -> Tuple[List[str], bool]:
     """summary.md's LongPPL table across groups, and whether longppl_by_group.png was written
     (not when no run has a key token): nothing when no run scored LongPPL."""
+    if not (groups := scored_with(groups, "longppl")):
+        return [], False
+    groups, shared = without_shared_changes(groups)
+    train_of = train_lengths(groups)
     results = {label: [r["eval"]["longppl"] for r in members if r["eval"].get("longppl")]
                for label, members in groups.items()}
-    results = {label: records for label, records in results.items() if records}
-    if not results:
-        return [], False
     by_length = lambda record: record["by_length"]
     ppl = {label: seed_values(rs, by_length, "ppl") for label, rs in results.items()}
     key = {label: seed_values(rs, by_length, "longppl") for label, rs in results.items()}
@@ -217,7 +249,8 @@ def longppl(root: Path, groups: Dict[str, List[dict]], train_of: Dict[str, int]
     lines = ["", "LongPPL across groups" + (f" ({LONGPPL_PLOT}, beside perplexity)" if drawn
                                              else "")
              + f": perplexity on the key tokens only by length, mean ± {BAND}, and in "
-             f"parentheses the key tokens' count (mean over seeds); {how}. null: no key token "
+             f"parentheses the key tokens' count (mean over seeds); {how}"
+             + (f"; {shared}" if shared else "") + ". null: no key token "
              "in any seed; k of n seeds: the others had none there or ran out of memory.", ""]
 
     def longppl_cell(label: str, n: int) -> str:
@@ -258,7 +291,6 @@ def plot_longppl(ppl: Dict[str, Seeds], key: Dict[str, Seeds], train_of: Dict[st
 def write(root: Path, groups: Dict[str, List[dict]]) -> Tuple[List[str], List[str]]:
     """summary.md's lines on RULER and LongPPL across `groups` (label -> its records), and the
     figures written in `root`."""
-    train_of = {label: members[0]["train"]["seq_len"] for label, members in groups.items()}
     (ruler_lines, ruler_drawn), (longppl_lines, longppl_drawn) = (
-        ruler(root, groups, train_of), longppl(root, groups, train_of))
+        ruler(root, groups), longppl(root, groups))
     return ruler_lines + longppl_lines, [RULER_PLOT] * ruler_drawn + [LONGPPL_PLOT] * longppl_drawn
