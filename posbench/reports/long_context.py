@@ -139,12 +139,10 @@ def ruler_score(records: List[dict]) -> str:
 
 def ruler_panels(groups: Dict[str, List[dict]]) -> Tuple[Dict[str, Dict[str, Seeds]], str]:
     """panel (the average, then each task in the order the runs hold them) -> group -> each
-    seed's score by length, and the score (ruler_score)."""
+    seed's score by length, and the score (ruler_score); every group has a run scored on RULER
+    (scored_with)."""
     results = {label: [r["eval"]["ruler"] for r in members if r["eval"].get("ruler")]
                for label, members in groups.items()}
-    results = {label: records for label, records in results.items() if records}
-    if not results:
-        return {}, ""
     score = ruler_score([r for records in results.values() for r in records])
     tasks = dict.fromkeys(name for records in results.values() for r in records
                           for name in r["tasks"])
