@@ -20,6 +20,7 @@ from posbench import evaluations
 from posbench.attention.paths import ATTN_GATES
 from posbench.data import check_dataset, dataset_class, registry as dataset_registry
 from posbench.core.errors import ConfigError, did_you_mean, require, require_positive
+from posbench.core.registry import typed_defaults
 from posbench.evaluations import EvalConfig
 from posbench.evaluations.ruler_tasks import DEFAULT_TASKS as RULER_TASKS
 
@@ -182,11 +183,6 @@ def schema() -> type:
 def _schema(eval_schema: type) -> type:  # one class per eval schema, so that typed configs merge
     return dataclasses.make_dataclass(
         "Config", [("eval", eval_schema, field(default_factory=eval_schema))], bases=(Config,))
-
-
-@functools.lru_cache(maxsize=None)
-def _typed(schema_cls: type) -> DictConfig:  # built once: OmegaConf.merge copies its first config
-    return OmegaConf.structured(schema_cls)
 
 
 def schema_class(name: str) -> Optional[type]:
@@ -572,7 +568,7 @@ def check(cfg: DictConfig) -> None:
     try:
         # as plain data: a config pickled into a joblib worker comes back typed with the base
         # Config class, which does not merge into the schema's per-evaluation subclass
-        OmegaConf.merge(_typed(schema()), OmegaConf.to_container(cfg))
+        OmegaConf.merge(typed_defaults(schema()), OmegaConf.to_container(cfg))
     except Exception as err:  # omegaconf names the key and the expected type
         raise ConfigError(str(err).splitlines()[0]) from None
     _no_extra_keys(cfg, schema())

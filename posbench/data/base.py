@@ -21,7 +21,7 @@ from omegaconf import MISSING, OmegaConf
 
 from posbench.data.tokenize import TOKENIZERS
 from posbench.core.errors import ConfigError, did_you_mean, require
-from posbench.core.registry import Entry, Registry
+from posbench.core.registry import Entry, Registry, typed_defaults
 
 if TYPE_CHECKING:
     from posbench.data.windows import EvalPlan
@@ -119,7 +119,7 @@ def dataset_config(dataset_cfg):
     dataset's Config (a run saved before a key existed gets its default)."""
     cls = dataset_class(dataset_cfg)
     try:
-        typed = OmegaConf.merge(OmegaConf.structured(cls.Config),
+        typed = OmegaConf.merge(typed_defaults(cls.Config),
                                 OmegaConf.to_container(dataset_cfg, resolve=True))
     except Exception as err:  # omegaconf's message names the key and the type
         key = getattr(err, "full_key", None)

@@ -78,7 +78,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from torch import nn
 
 from posbench.core.errors import ConfigError, did_you_mean
-from posbench.core.registry import Entry, Registry
+from posbench.core.registry import Entry, Registry, typed_defaults
 
 FAMILIES = ("none", "absolute", "rotary", "group", "bias", "contextual", "hybrid")
 # the eval.* keys that evaluate() passes to set_eval_options, in its argument order
@@ -300,7 +300,7 @@ def encoding_config(run_cfg: DictConfig):
     values = {k: v for k, v in OmegaConf.to_container(enc_cfg, resolve=True).items() if k != "_target_"}
     schema = cls.Config if "_target_" in enc_cfg else type(_REGISTRY[enc_cfg.name].config)
     try:
-        typed = OmegaConf.merge(OmegaConf.structured(schema), values)
+        typed = OmegaConf.merge(typed_defaults(schema), values)
     except Exception as err:  # omegaconf's message names the key and the type
         name = enc_cfg.get("_target_") or enc_cfg.get("name")
         key = getattr(err, "full_key", None)

@@ -30,7 +30,7 @@ from posbench.attention.span import lambda_span
 from posbench.core.device import autocast
 from posbench.encodings.base import EVAL_OPTIONS
 from posbench.core.errors import ConfigError
-from posbench.core.registry import Entry, Registry
+from posbench.core.registry import Entry, Registry, typed_defaults
 
 
 @dataclass
@@ -104,7 +104,7 @@ def eval_config(eval_cfg):
     names = {f.name for f in dataclasses.fields(EvalConfig)}
     # resolved in place: an interpolation may read the rest of the run's config
     node = eval_cfg if isinstance(eval_cfg, DictConfig) else OmegaConf.create(eval_cfg)
-    return OmegaConf.merge(OmegaConf.structured(EvalConfig),
+    return OmegaConf.merge(typed_defaults(EvalConfig),
                            {k: v for k, v in OmegaConf.to_container(node, resolve=True).items()
                             if k in names})
 
@@ -152,7 +152,7 @@ class Section(Evaluation):
         """eval.<name> of an eval node as its dataclass (a DictConfig's `keys` would be its
         method); a key that a run saved before it existed lacks takes its default."""
         try:
-            typed = OmegaConf.merge(OmegaConf.structured(cls.Config),
+            typed = OmegaConf.merge(typed_defaults(cls.Config),
                                     eval_cfg.get(cls.name) or {})
         except Exception as err:  # omegaconf's message names the key and the type
             raise ConfigError(f"eval.{cls.name}: {str(err).splitlines()[0]}") from None
