@@ -146,6 +146,40 @@ def test_train_batches_are_seeded_and_draw_every_size_up_to_the_length():
     assert (x[:, 0] == BOS).all()  # every instance starts at position 0, its padding after it
 
 
+def rows_of(x):
+    return sorted(row.numpy().tobytes() for row in x)
+
+
+def test_a_fixed_training_set_is_read_whole_every_epoch_in_a_new_order():
+    """dataset.train_instances=N: the references' finite training set. Each epoch (N / batch
+    steps) reads the same N instances, in a new order; the fresh default draws others."""
+    node = OmegaConf.create({"name": "task_counting_3", "train_instances": 48})
+    data = prepare(node)
+    epochs = [[data.train_batch(64, 16, seed=3, step=step)[0] for step in range(first, first + 3)]
+              for first in (0, 3, 6)]
+    assert rows_of(torch.cat(epochs[0])) == rows_of(torch.cat(epochs[1])) == \
+        rows_of(torch.cat(epochs[2]))
+    assert not torch.cat(epochs[0]).equal(torch.cat(epochs[1]))  # another order
+    # 40 instances in batches of 16: step 2 ends epoch 0 with its first 8 rows and starts
+    # epoch 1 with the other 8; epochs 0 and 1 (steps 0..4) each read the 40 once
+    across = prepare(OmegaConf.create({"name": "task_counting_3", "train_instances": 40}))
+    rows = torch.cat([across.train_batch(64, 16, seed=3, step=s)[0] for s in range(5)])
+    assert rows_of(rows[:40]) == rows_of(rows[40:])
+    x, y = data.train_batch(64, 16, seed=3, step=4)  # a function of (seed, step): resumable
+    assert x.equal(prepare(node).train_batch(64, 16, seed=3, step=4)[0])
+    assert (y[:, :-1] != IGNORE).any() and (x[:, 0] == BOS).all()
+    assert not set(rows_of(data.train_batch(64, 16, seed=4, step=0)[0])) <= \
+        set(rows_of(torch.cat(epochs[0])))  # another seed, another set
+    fresh = task_data("task_counting_3")
+    seen = rows_of(torch.cat([fresh.train_batch(64, 16, seed=3, step=s)[0] for s in range(9)]))
+    assert len(set(seen)) > 48
+
+
+def test_a_negative_training_set_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match=r"dataset.train_instances=-1.*>= 0"):
+        posbench.compose(["dataset=task_copy", "dataset.train_instances=-1"])
+
+
 def test_task_lengths_out_of_reach_are_refused_with_the_key():
     with pytest.raises(ConfigError, match="eval.lengths entry 5000"):
         window_starts(task_data("task_recall"), 5000, 5000)

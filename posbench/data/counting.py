@@ -46,8 +46,8 @@ What differs, and why:
 - As in the reference, a program has at least 3 statements and a variable that exists when it
   is asked about; the smallest such program is 6 tokens (`a = 0 ; pass; pass;`), min_size.
 - Instances are drawn fresh for every step (seeded by the run's seed and step; evaluation's by
-  the length), not a fixed set of 10k read for 100 epochs; randomness is numpy's, not Python's
-  `random`.
+  the length), not a fixed set of 10k read for 100 epochs (`dataset.train_instances=10000` reads
+  one such set); randomness is numpy's, not Python's `random`.
 """
 from __future__ import annotations
 

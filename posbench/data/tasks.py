@@ -5,7 +5,9 @@ A task is a dataset (posbench/data/base.py) whose data is generated, not read: a
 class deriving from Task, registered as `dataset=task_<name>`, that says how large an instance
 fits a window (`size`) and makes one (`make`). An instance is a row of tokens and an answer mask:
 the tokens to predict from what came before. Training draws fresh instances of every size up to
-the training length (seeded by run seed and step), each padded after its end: it starts at
+the training length (seeded by run seed and step; or, with `dataset.train_instances=N`, reads one
+fixed set of N of them, as the references train on a finite set), each padded after its end: it
+starts at
 position 0, as an instance fed alone does, and a causal model never sees its padding (padding
 before it, as version 1 did, told the model the instance's size by the number of PAD tokens, and
 an instance shorter than the window was scored without them). Evaluation scores instances that
@@ -14,9 +16,10 @@ loss, and exact-match accuracy.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Tuple
 
 import numpy as np
@@ -25,19 +28,29 @@ import torch
 
 from omegaconf import ListConfig, OmegaConf
 
-from posbench.data.base import Dataset, build_dataset, register
+from posbench.data.base import Dataset, DatasetConfig, build_dataset, register
 from posbench.data.windows import IGNORE, EvalPlan
 from posbench.core.errors import ConfigError, require
 
 PAD, BOS, SEP, PLUS = 0, 1, 2, 3
 FIRST = 4  # a task's symbols come after these
 EVAL_SEED = 1729  # evaluation instances never depend on the run's seed
+FIXED_SET = 4099  # in the seeds of a fixed training set (and, + 1, of its epochs' orders)
 VERSION = 2  # bump when a generator changes: it names the data in results.json (2: padded after)
+
+
+@dataclass
+class TaskConfig(DatasetConfig):
+    # 0: fresh instances at every step. N: one set of N instances drawn once from the run's seed,
+    # read in a new shuffled order every epoch, as the references train (CoPE's counting: 10k
+    # instances for 100 epochs); evaluation's instances are the same either way
+    train_instances: int = 0
 
 
 class Task(Dataset):
     """A generated task: its instances are made from `symbols` symbol tokens after the special
     ones; `min_size` is the smallest instance worth scoring."""
+    Config = TaskConfig
     text = False
     symbols: ClassVar[int] = 16
     min_size: ClassVar[int] = 1
@@ -61,6 +74,8 @@ class Task(Dataset):
         super().check(cfg, run_cfg)
         require(not cfg.bos, "dataset.bos", cfg.bos,
                 f"false for dataset={cfg.name} (each instance starts with its own BOS token)")
+        require(cfg.train_instances >= 0, "dataset.train_instances", cfg.train_instances,
+                "an integer >= 0 (0: fresh instances at every step)")
 
     def size(self, total: int) -> int:
         """The largest size of an instance that fits `total` tokens."""
@@ -221,6 +236,12 @@ def _task_window(sizes, *, _root_):
 OmegaConf.register_new_resolver("posbench.task_window", _task_window, replace=True)
 
 
+@functools.lru_cache(maxsize=4)
+def _epoch_order(count: int, seed: int, epoch: int) -> np.ndarray:
+    """The order in which epoch `epoch` reads a fixed set of `count` instances."""
+    return np.random.default_rng([seed, FIXED_SET + 1, epoch]).permutation(count)
+
+
 @dataclass
 class TaskData:
     """A task dataset: no token file, instances are generated when asked for."""
@@ -228,6 +249,7 @@ class TaskData:
     name: str
     fingerprint: str
     vocab_size: int
+    _sets: dict = field(default_factory=dict, repr=False)  # the fixed training sets, by window
 
     def check(self, total: int, key: str) -> None:
         why = self.task.fits(total)
@@ -240,14 +262,31 @@ class TaskData:
         self.check(seq_len + 1, f"train.seq_len={seq_len}")
 
     def train_batch(self, seq_len: int, batch_size: int, seed: int, step: int, plant=None):
-        """Fresh instances of every size up to the window, seeded by (seed, step); no passkeys
-        are planted in a task (train.retrieval_mix and ruler_mix are refused for it)."""
+        """Instances of every size up to the window: fresh ones seeded by (seed, step), or rows
+        of the fixed set (dataset.train_instances); no passkeys are planted in a task
+        (train.retrieval_mix and ruler_mix are refused for it)."""
         assert plant is None
-        rng = np.random.default_rng([seed, step])
-        tokens, answers = self.task.batch(rng, batch_size, seq_len + 1, fill=False)
+        count = self.task.cfg.train_instances
+        if count:
+            tokens, answers = self._fixed_set(seq_len, seed, count)
+            rows = [_epoch_order(count, seed, epoch)[i] for epoch, i in
+                    (divmod(p, count) for p in range(step * batch_size, (step + 1) * batch_size))]
+            tokens, answers = tokens[rows], answers[rows]
+        else:
+            rng = np.random.default_rng([seed, step])
+            tokens, answers = self.task.batch(rng, batch_size, seq_len + 1, fill=False)
         # train on the answers alone, the tokens evaluation scores: the inputs are random
         targets = np.where(answers[:, 1:], tokens[:, 1:], IGNORE)
         return torch.from_numpy(tokens[:, :-1]), torch.from_numpy(targets)
+
+    def _fixed_set(self, seq_len: int, seed: int, count: int):
+        """The run's set of `count` training instances for windows of seq_len + 1 tokens, drawn
+        once (a length schedule gets a set per window)."""
+        key = (seq_len, seed, count)
+        if key not in self._sets:
+            rng = np.random.default_rng([seed, FIXED_SET, seq_len])
+            self._sets[key] = self.task.batch(rng, count, seq_len + 1, fill=False)
+        return self._sets[key]
 
     def eval_instances(self, length: int, tokens: int):
         """ceil(tokens / length) instances filling length + 1 tokens (inputs and targets)."""
