@@ -5,14 +5,13 @@ A task is a dataset (posbench/data/base.py) whose data is generated, not read: a
 class deriving from Task, registered as `dataset=task_<name>`, that says how large an instance
 fits a window (`size`) and makes one (`make`). An instance is a row of tokens and an answer mask:
 the tokens to predict from what came before. Training draws fresh instances of every size up to
-the training length (seeded by run seed and step; or, with `dataset.train_instances=N`, reads one
-fixed set of N of them, as the references train on a finite set), each padded after its end: it
-starts at
-position 0, as an instance fed alone does, and a causal model never sees its padding (padding
-before it, as version 1 did, told the model the instance's size by the number of PAD tokens, and
-an instance shorter than the window was scored without them). Evaluation scores instances that
-fill each eval length, the same ones for every encoding and seed, on their answer tokens only:
-loss, and exact-match accuracy.
+the training length (seeded by run seed and step; with `dataset.train_instances=N` it reads one
+fixed set of N instead, as the references train on a finite set), each padded after its end: it
+starts at position 0, as an instance fed alone does, and a causal model never sees its padding
+(padding before it, as version 1 did, told the model the instance's size by the number of PAD
+tokens, and an instance shorter than the window was scored without them). Evaluation scores
+instances that fill each eval length, the same ones for every encoding and seed, on their answer
+tokens only: loss, and exact-match accuracy.
 """
 from __future__ import annotations
 
