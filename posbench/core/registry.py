@@ -11,7 +11,6 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 
-
 @functools.lru_cache(maxsize=None)
 def typed_defaults(config_cls: type) -> DictConfig:
     """A typed config's defaults, built once per class: OmegaConf.merge copies its first config,
