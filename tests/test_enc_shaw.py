@@ -72,10 +72,11 @@ def dense_reference(q, k, v, w_k, w_v, lag, clip):
     return alpha @ v + (alpha.unsqueeze(-1) * a_v).sum(-2)
 
 
-@pytest.mark.parametrize("share_heads", [False, True])
-def test_blockwise_path_matches_dense_float64_reference(share_heads, monkeypatch):
+@pytest.mark.parametrize("share_heads,share_layers", [(False, False), (True, False), (True, True)])
+def test_blockwise_path_matches_dense_float64_reference(share_heads, share_layers, monkeypatch):
     enc = build("model.n_head=3", "model.d_model=48", "encoding.k=5",
-                f"encoding.share_heads={share_heads}").encoding
+                f"encoding.share_heads={share_heads}",
+                f"encoding.share_layers={share_layers}").encoding
     torch.manual_seed(0)
     B, H, T, d = 2, 3, 40, 16
     q, k, v = (torch.randn(B, H, T, d, dtype=torch.float64, requires_grad=True) for _ in range(3))
@@ -83,7 +84,8 @@ def test_blockwise_path_matches_dense_float64_reference(share_heads, monkeypatch
     monkeypatch.setattr(attention, "BLOCK_ELEMENTS", B * H * T * 16)  # three blocks, checkpointed
     out = attend(q, k, v, pos, enc, 1)
     lag = 2 * (torch.arange(T).view(T, 1) - torch.arange(T).view(1, T))
-    ref = dense_reference(q, k, v, enc.w_k[1].double(), enc.w_v[1].double(), lag, 5)
+    table = 0 if share_layers else 1  # layer 1 reads the one table when the layers share it
+    ref = dense_reference(q, k, v, enc.w_k[table].double(), enc.w_v[table].double(), lag, 5)
     assert_matches_reference(out, ref, (q, k, v, enc.w_k, enc.w_v))
 
 
@@ -93,6 +95,8 @@ def test_flags_change_the_parameters_and_hooks():
     lean = build("encoding.values=false", "encoding.share_heads=true").encoding
     assert [n for n, _ in lean.named_parameters()] == ["w_k"] and lean.w_k.shape == (2, 1, 17, 16)
     assert lean.value_mod is None
+    shared = build("encoding.share_layers=true").encoding
+    assert shared.w_k.shape == shared.w_v.shape == (1, 4, 17, 16)
 
 
 @pytest.mark.parametrize("values", [True, False])

@@ -33,6 +33,8 @@ class Shaw(PositionalEncoding):
         values: bool = True
         # one set of vectors per layer for all heads (the paper's big model) instead of per head
         share_heads: bool = False
+        # one set for all layers (CoPE's reference RelPosEmb shares its table so) instead of per layer
+        share_layers: bool = False
 
     @classmethod
     def check(cls, cfg, run_cfg):
@@ -42,7 +44,8 @@ class Shaw(PositionalEncoding):
     def __init__(self, cfg, dims):
         super().__init__(cfg, dims)
         heads = 1 if cfg.share_heads else dims.n_head
-        shape = (dims.n_layer, heads, cfg.k + 1, dims.head_dim)  # broadcasts over heads when 1
+        layers = 1 if cfg.share_layers else dims.n_layer
+        shape = (layers, heads, cfg.k + 1, dims.head_dim)  # broadcasts over heads when 1
         # the paper gives no init: the GPT's embedding init
         self.w_k = nn.Parameter(torch.randn(shape) * 0.02)
         if cfg.values:
@@ -54,7 +57,7 @@ class Shaw(PositionalEncoding):
         dtype = torch.promote_types(q.dtype, torch.float32)
         # q_i.wK[lag]/sqrt(d) for every query and clipped lag: (B, H, T, k+1)
         with torch.autocast(q.device.type, enabled=False):  # fp32 under autocast too
-            q_w = (q.to(dtype) @ self.w_k[layer].to(dtype).transpose(-1, -2)
+            q_w = (q.to(dtype) @ self.table(self.w_k, layer).to(dtype).transpose(-1, -2)
                    / math.sqrt(q.shape[-1]))
         clip, lag = self.cfg.k, relative_lag(pos)
 
@@ -79,4 +82,7 @@ class Shaw(PositionalEncoding):
         lag = clipped_lag(relative_lag(pos)(b, q_idx, kv_idx), self.cfg.k).expand_as(probs)
         # attention mass on each clipped lag (future keys carry none), (B, H, Tq, k+1)
         mass = probs.new_zeros(*probs.shape[:-1], self.cfg.k + 1).scatter_add_(-1, lag, probs)
-        return mass @ self.w_v[layer].to(probs.dtype)
+        return mass @ self.table(self.w_v, layer).to(probs.dtype)
+
+    def table(self, w: nn.Parameter, layer: int) -> torch.Tensor:
+        return w[0 if self.cfg.share_layers else layer]
