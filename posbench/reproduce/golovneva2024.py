@@ -8,9 +8,10 @@ RelPosEmb (src/models/relative_position.py): a learned vector r_lag per lag 0..b
 added to q.k before the 1/sqrt(d) scaling, the one table shared by every head and layer, nothing
 added to the values. That is Shaw et al. 2018's key term unclipped: posbench's `shaw` with
 values=false, share_heads=true and k = L (posbench/conf/golovneva2024/pe/relative.yaml); shaw
-keeps a table per layer, where the reference shares one across the layers. `t5` buckets the lag
-into a scalar bias per head and `transformer_xl` projects fixed sinusoids with its u, v biases:
-neither is a learned vector per lag. "Absolute PE" is a learned table added to the token
+keeps a table per layer, where the reference shares one across the layers
+(encoding.share_layers=true shares it; docs/results.md measures the difference). `t5` buckets
+the lag into a scalar bias per head and `transformer_xl` projects fixed sinusoids with its u, v
+biases: neither is a learned vector per lag. "Absolute PE" is a learned table added to the token
 embeddings (`learned`); CoPE is `cope`, its P_max covering every count in the window as the
 reference's block size + 1 does.
 
