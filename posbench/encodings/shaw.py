@@ -85,4 +85,5 @@ class Shaw(PositionalEncoding):
         return mass @ self.table(self.w_v, layer).to(probs.dtype)
 
     def table(self, w: nn.Parameter, layer: int) -> torch.Tensor:
+        """The layer's vectors of w: its own, or the one set every layer shares."""
         return w[0 if self.cfg.share_layers else layer]
