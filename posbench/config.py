@@ -565,12 +565,15 @@ def check(cfg: DictConfig) -> None:
     from posbench.encodings.base import encoding_class, encoding_config
 
     rename_saved_keys(cfg)
-    try:
-        # as plain data: a config pickled into a joblib worker comes back typed with the base
-        # Config class, which does not merge into the schema's per-evaluation subclass
-        OmegaConf.merge(typed_defaults(schema()), OmegaConf.to_container(cfg))
-    except Exception as err:  # omegaconf names the key and the expected type
-        raise ConfigError(str(err).splitlines()[0]) from None
+    # a config Hydra composed is typed by the schema already (config.yaml's first default), and
+    # holds no value of another type; merging it again would cost a fifth of a composition
+    if OmegaConf.get_type(cfg) is not schema():
+        try:
+            # as plain data: a config pickled into a joblib worker comes back typed with the
+            # base Config class, which does not merge into the schema's per-evaluation subclass
+            OmegaConf.merge(typed_defaults(schema()), OmegaConf.to_container(cfg))
+        except Exception as err:  # omegaconf names the key and the expected type
+            raise ConfigError(str(err).splitlines()[0]) from None
     _no_extra_keys(cfg, schema())
 
     m = cfg.model

@@ -99,6 +99,7 @@ def test_protocol_settings_are_checked_at_compose(overrides, key):
         posbench.compose(overrides)
 
 
+@pytest.mark.figures  # it reads the PNG
 def test_run_records_protocol_stride_and_per_position(tmp_path, toy):
     posbench_cli("train", *toy, "eval.protocol=sliding", "eval.stride=16", "hydra.run.dir=run",
                  cwd=tmp_path, in_process=True)

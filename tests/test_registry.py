@@ -13,8 +13,12 @@ NAMES = sorted(registry())
 SMALL = ["model.n_layer=2", "model.d_model=64", "model.n_head=4", "train.seq_len=64"]
 
 
-def build(name, *extra):
-    cfg = composed(f"encoding={name}", *SMALL, *extra)
+def build(name, length=None):
+    """The encoding's small model, evaluated up to `length` (the model's widest position):
+    one composition per encoding serves every test here, the length set after it."""
+    cfg = composed(f"encoding={name}", *SMALL)
+    if length is not None:
+        cfg.eval.lengths = [length]
     torch.manual_seed(0)
     model = posbench.build_model(cfg).eval()
     with torch.no_grad():  # move zero-initialized position parameters off their init
@@ -25,7 +29,7 @@ def build(name, *extra):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_shift_leaves_relative_logits_unchanged_and_moves_absolute_ones(name):
-    model = build(name, "eval.lengths=[1100]")
+    model = build(name, 1100)
     idx = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         base = model(idx, pos=torch.arange(64))
@@ -62,7 +66,7 @@ def test_prefix_consistency_or_its_expected_violation(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_finite_at_position_offset_64k(name):
-    model = build(name, "eval.lengths=[65664]")
+    model = build(name, 65664)
     idx = torch.randint(0, 256, (1, 128), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         logits = model(idx, pos=torch.arange(128) + 65536)

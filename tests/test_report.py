@@ -203,6 +203,7 @@ def test_parity_gap_to_the_best_at_the_training_length_marks_under_trained_group
     assert len(under) == 1 and under[0].startswith("- **sinusoidal")
 
 
+@pytest.mark.figures  # wandb reads the PNGs
 def test_the_sweep_report_logs_parity_to_wandb(tmp_path):
     from omegaconf import OmegaConf
 

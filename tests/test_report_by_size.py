@@ -25,6 +25,7 @@ def write_ladder(root):
             write(root, f"{name}-{width}-{seed}", record)
 
 
+@pytest.mark.figures  # it reads the PNG
 def test_parity_is_judged_within_each_model_size_and_the_series_are_tabled(tmp_path):
     write_ladder(tmp_path)
     parity = write_report(tmp_path)

@@ -13,6 +13,9 @@ from helpers import posbench_cli
 from posbench.reports.report import write_report
 from test_report import run_record, write
 
+# the page embeds the figures, and the browser test compares one with its screenshot
+pytestmark = pytest.mark.figures
+
 # retrieval, RULER and LongPPL on, so that the report has their tables and figures
 # (tests/test_retrieval.py, test_ruler.py, test_longppl.py; alpha 0: a toy model has key tokens)
 EVALUATIONS = ["train.seq_len=64", "eval.lengths=[64,128]", "eval.retrieval.enabled=true",

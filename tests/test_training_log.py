@@ -12,6 +12,7 @@ from posbench.runs.train import lr_at
 from posbench.runs.trainlog import MetricsLog, read_metrics
 
 
+@pytest.mark.figures  # it reads the PNG
 def test_metrics_csv_logs_training_and_validation_and_the_run_dir_is_named(tmp_path, toy):
     # eval.tokens = batch_size x seq_len: the final evaluation at L scores the very windows that
     # validation scores, through evaluate() instead

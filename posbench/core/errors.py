@@ -36,7 +36,10 @@ def did_you_mean(value: str, options) -> str:
     """' (did you mean 'alibi'?)' for the closest option to a misspelt value, else ''."""
     import difflib
 
-    close = difflib.get_close_matches(str(value), [str(o) for o in options], n=1)
+    names = [str(o) for o in options]
+    if str(value) in names:  # nothing to suggest; checks call this for every accepted value too
+        return ""
+    close = difflib.get_close_matches(str(value), names, n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
