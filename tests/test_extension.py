@@ -321,7 +321,7 @@ def test_each_step_is_evaluated_once_named_and_outside_the_training_time(
                                    ["train.batch_size=1000000000"]])  # memory: petabytes
 def test_a_refused_extension_creates_no_folder(parent, extra, tmp_path):
     # Hydra makes outputs/<date>/... before the job starts: the refusal must come first
-    proc = posbench_cli("extend", str(parent), *extra, cwd=tmp_path, ok=False)
+    proc = posbench_cli("extend", str(parent), *extra, cwd=tmp_path, ok=False, in_process=True)
     assert proc.returncode == 2 and "is not accepted" in proc.stderr, proc.stderr
     assert list(tmp_path.iterdir()) == []
 
