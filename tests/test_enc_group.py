@@ -292,6 +292,34 @@ def test_fast_path_equals_reference_path_at_4096(preset, changes):
     assert err[causal].max() < 1e-4
 
 
+def tf32(x):
+    """x (fp32) with its mantissa cut to TF32's 10 bits, as a tensor core reads an fp32 operand
+    (truncation: the larger of its two roundings' errors)."""
+    return (x.contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32)
+
+
+def test_tf32_costs_the_sheared_logits_a_fifth_of_bf16s_error():
+    """On CUDA with TF32 allowed (training allows it) FlexAttention and fp32 matmuls read the
+    sheared q and k at TF32's precision: docs/encodings.md#group-family gives these errors. The
+    last query of 8192 at L = 128 against every key, one head of 64 of jordan_rope (C_2 blocks,
+    as generator_learned's), against the float64 reference."""
+    T, d = 8192, 64
+    enc = module("jordan_rope", d=d)
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, T, d, dtype=torch.float64, generator=gen)
+    qt, kt = enc.rotate(q.float().view(1, 1, T, d), k.float().view(1, 1, T, d),
+                        torch.arange(T).view(1, T), 0)
+    rows = torch.tensor([T - 1])
+    ref, _ = reference_logits(enc, q, k, rows)
+    errors = {}
+    for name, cast in (("fp32", lambda x: x), ("tf32", tf32),
+                       ("bf16", lambda x: x.bfloat16().float())):
+        logits = cast(qt[0, 0, rows]).double() @ cast(kt[0, 0]).double().T / math.sqrt(d)
+        errors[name] = (logits - ref).abs().max().item()
+    assert errors["fp32"] < 0.01 and errors["tf32"] < 0.25 < errors["bf16"], errors
+    assert errors["tf32"] < errors["bf16"] / 3, errors
+
+
 # --- the whole model: SHIFT and large offsets ---------------------------------------------------
 def sharpened(encoding, *extra):
     """The model with larger q/k weights, so that attention, and so position, moves the logits."""
