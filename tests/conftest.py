@@ -1,3 +1,4 @@
+import functools
 import io
 import os
 import tempfile
@@ -32,6 +33,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@functools.cache
+def blank_png() -> bytes:
+    """A 1 x 1 PNG, rendered once per process: reports embed the figures and refuse a non-PNG."""
+    blank = io.BytesIO()
+    REAL_SAVEFIG(Figure(figsize=(0.1, 0.1)), blank, dpi=10, format="png")
+    return blank.getvalue()
+
+
 @pytest.fixture(scope="module", autouse=True)
 def figures_drawn_not_rendered(request):
     """The figures that runs in a test process write are drawn (layout, ticks, labels: where a
@@ -42,12 +51,9 @@ def figures_drawn_not_rendered(request):
         yield
         return
 
-    blank = io.BytesIO()  # a 1 x 1 PNG: reports embed the figures and refuse what is not one
-    REAL_SAVEFIG(Figure(figsize=(0.1, 0.1)), blank, dpi=10, format="png")
-
     def drawn(fig, fname, **kwargs):
         fig.draw_without_rendering()
-        Path(fname).write_bytes(blank.getvalue())
+        Path(fname).write_bytes(blank_png())
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Figure, "savefig", drawn)
@@ -100,8 +106,6 @@ def flex_traced(monkeypatch):
     whose guards decide the recompiles on every device, and by AOT autograd, but not lowered to
     C++ by inductor: no CPU run of posbench takes that path, and its code generation is most of
     a CPU test's time."""
-    import functools
-
     import posbench.attention.paths as paths
 
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
